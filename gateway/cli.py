@@ -1,0 +1,94 @@
+"""`switchyard` command line: serve, check-config, models fetch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from plugins.errors import ConfigError
+
+DEFAULT_CONFIG = "plugins.toml"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import load_config
+
+    config = load_config(args.config)
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    logging.basicConfig(level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level=config.server.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=args.drain_seconds,
+    )
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.config import load_config, resolve_backend_options
+    from plugins.manager import backend_types, build_plugin_manager
+
+    config = load_config(args.path)
+    pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
+    resolve_backend_options(config, backend_types(pm))
+    strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
+    for i, route in enumerate(config.routes):
+        if route.strategy not in strategies:
+            raise ConfigError(f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy`")
+    print(f"{config.source}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
+    return 0
+
+
+def _models_fetch(args: argparse.Namespace) -> int:
+    from builtin_engine.model_store import fetch_model
+
+    path = fetch_model(args.name, progress=True)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchyard", description="One OpenAI-compatible endpoint for many engines.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the gateway")
+    serve.add_argument("--config", default=DEFAULT_CONFIG, help="path to plugins.toml")
+    serve.add_argument("--host", default=None, help="bind address (default: server.host)")
+    serve.add_argument("--port", type=int, default=None, help="port (default: server.port)")
+    serve.add_argument("--drain-seconds", type=float, default=30.0, help="grace period for in-flight requests on SIGTERM")
+    serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check-config", help="validate a plugins.toml and exit")
+    check.add_argument("path", nargs="?", default=DEFAULT_CONFIG)
+    check.set_defaults(func=_check_config)
+
+    models = sub.add_parser("models", help="manage bundled models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    fetch = models_sub.add_parser("fetch", help="download and convert a known model into the cache")
+    fetch.add_argument("name")
+    fetch.set_defaults(func=_models_fetch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"switchyard: configuration error: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`plugins.toml`: parsed once at start-up into msgspec structs.
+
+Unknown keys and bad values stop start-up with a `ConfigError` naming the file and the key.
+Backend `options` tables are validated against the struct their backend type declares, which
+needs the plugin manager, so `load_config` does the file and `resolve_backends` the options.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+from plugins.errors import ConfigError
+from plugins.registry import BackendType, Route, Target
+
+
+class _Config(Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ServerConfig(_Config):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    max_body_bytes: Annotated[int, Meta(gt=0)] = 4 * 1024 * 1024
+    # API keys clients must send as `Authorization: Bearer <key>`; empty means no auth. Also
+    # read from $SWITCHYARD_API_KEYS (comma-separated).
+    api_keys: list[str] = []
+    max_n: Annotated[int, Meta(ge=1, le=128)] = 16
+    system_fingerprint: str = "fp_switchyard"
+    log_level: str = "info"
+
+
+class PluginsConfig(_Config):
+    # plugin names (built-in or entry point) that must not load
+    disable: list[str] = []
+    # extra importable modules to register as plugins
+    modules: list[str] = []
+
+
+class BackendConfig(_Config):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$")]
+    type: str
+    options: dict[str, Any] = {}
+
+
+class TargetConfig(_Config):
+    backend: str
+    model: str | None = None  # default: the route's name
+    weight: Annotated[float, Meta(ge=0.0)] = 1.0
+
+
+class RouteConfig(_Config):
+    name: str
+    targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    strategy: str = "weighted"
+    options: dict[str, Any] = {}
+
+
+class Config(_Config):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
+    backends: list[BackendConfig] = []
+    routes: list[RouteConfig] = []
+    source: str = "<defaults>"  # where it was read from; not a TOML key
+
+    def routes_resolved(self) -> list[Route]:
+        return [
+            Route(
+                name=r.name,
+                strategy=r.strategy,
+                options=r.options,
+                targets=tuple(Target(backend=t.backend, model=t.model or r.name, weight=t.weight) for t in r.targets),
+            )
+            for r in self.routes
+        ]
+
+
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
+
+
+def _key_of(exc: msgspec.ValidationError, prefix: str = "") -> tuple[str, str]:
+    """Turn msgspec's `$.backends[0].options` path into a TOML-ish key and a reason."""
+    text = str(exc)
+    path = ""
+    match = _PATH.search(text)
+    if match:
+        path, text = match["path"].lstrip("."), text[: match.start()]
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        path = f"{path}.{unknown['field']}" if path else unknown["field"]
+        text = "unknown key"
+    key = ".".join(p for p in (prefix, path) if p)
+    return key or "(top level)", text
+
+
+def parse_config(text: str, source: str) -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    if "source" in raw:
+        raise ConfigError(f"{source}: unknown key `source`")
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        key, reason = _key_of(exc)
+        raise ConfigError(f"{source}: {reason} at `{key}`", param=key) from None
+    _check_names(config, source)
+    env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
+    server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
+    return msgspec.structs.replace(config, server=server, source=source)
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+    return parse_config(text, str(path))
+
+
+def _check_names(config: Config, source: str) -> None:
+    seen: set[str] = set()
+    for i, backend in enumerate(config.backends):
+        if backend.name in seen:
+            raise ConfigError(f"{source}: duplicate backend name {backend.name!r} at `backends[{i}].name`")
+        seen.add(backend.name)
+    route_names: set[str] = set()
+    for i, route in enumerate(config.routes):
+        if route.name in route_names:
+            raise ConfigError(f"{source}: duplicate route name {route.name!r} at `routes[{i}].name`")
+        route_names.add(route.name)
+        for j, target in enumerate(route.targets):
+            if target.backend not in seen:
+                raise ConfigError(
+                    f"{source}: route {route.name!r} targets unknown backend {target.backend!r} "
+                    f"at `routes[{i}].targets[{j}].backend`"
+                )
+
+
+def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:
+    """Each backend table with its type and its options decoded into that type's struct."""
+    resolved = []
+    for i, backend in enumerate(config.backends):
+        btype = types.get(backend.type)
+        if btype is None:
+            known = ", ".join(sorted(types)) or "none"
+            raise ConfigError(
+                f"{config.source}: unknown backend type {backend.type!r} at `backends[{i}].type` (known: {known})",
+                param=f"backends[{i}].type",
+            )
+        try:
+            options = msgspec.convert(backend.options, btype.options)
+        except msgspec.ValidationError as exc:
+            key, reason = _key_of(exc, prefix=f"backends[{i}].options")
+            raise ConfigError(f"{config.source}: {reason} at `{key}`", param=key) from None
+        resolved.append((backend, btype, options))
+    return resolved

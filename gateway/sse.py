@@ -1,0 +1,92 @@
+"""Server-Sent Events for chat and legacy completion streams.
+
+`ChunkEncoder` pre-encodes the part of every chunk that is the same for the whole request (id,
+created, model, fingerprint) once, so each delta costs one small string encode and a join.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.schemas import ErrorResponse
+from plugins.protocol import TokenLogprob, ToolCallDelta, Usage
+
+DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_event(payload: ErrorResponse) -> bytes:
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def usage_json(usage: Usage) -> bytes:
+    total = usage.prompt_tokens + usage.completion_tokens
+    body = b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d' % (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        total,
+    )
+    if usage.cached_tokens is not None:
+        body += b',"prompt_tokens_details":{"cached_tokens":%d}' % usage.cached_tokens
+    return body + b"}"
+
+
+def _finish(reason: str | None) -> bytes:
+    return b"null" if reason is None else b'"' + reason.encode() + b'"'
+
+
+def chat_logprobs_json(logprobs: list[TokenLogprob] | None) -> bytes:
+    if logprobs is None:
+        return b"null"
+    return b'{"content":' + _encode(logprobs) + b',"refusal":null}'
+
+
+class ChunkEncoder:
+    """Encodes `chat.completion.chunk` or `text_completion` stream events for one request."""
+
+    def __init__(self, *, id: str, created: int, model: str, fingerprint: str, chat: bool, include_usage: bool) -> None:
+        obj = b"chat.completion.chunk" if chat else b"text_completion"
+        self.chat = chat
+        self._head = (
+            b'data: {"id":'
+            + _encode(id)
+            + b',"object":"'
+            + obj
+            + b'","created":%d,"model":' % created
+            + _encode(model)
+            + b',"system_fingerprint":'
+            + _encode(fingerprint)
+            + b',"choices":['
+        )
+        self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+
+    def role(self, index: int) -> bytes:
+        return (
+            self._head
+            + b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}' % index
+            + self._tail
+        )
+
+    def text(self, index: int, text: str, logprobs: bytes = b"null", finish: str | None = None) -> bytes:
+        if self.chat:
+            delta = b'{"content":' + _encode(text) + b"}" if text else b"{}"
+            choice = b'{"index":%d,"delta":' % index + delta
+        else:
+            choice = b'{"index":%d,"text":' % index + _encode(text)
+        return self._head + choice + b',"logprobs":' + logprobs + b',"finish_reason":' + _finish(finish) + b"}" + self._tail
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        call: dict[str, object] = {"index": delta.tool_index}
+        function: dict[str, str] = {"arguments": delta.arguments}
+        if delta.id is not None:
+            call["id"] = delta.id
+            call["type"] = "function"
+        if delta.name is not None:
+            function["name"] = delta.name
+        call["function"] = function
+        choice = b'{"index":%d,"delta":{"tool_calls":[' % delta.index + _encode(call) + b"]}"
+        return self._head + choice + b',"logprobs":null,"finish_reason":null}' + self._tail
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._head + b'],"usage":' + usage_json(usage) + b"}\n\n"

@@ -1,0 +1,69 @@
+"""Switchyard's hook specifications (pluggy project name `switchyard`).
+
+Declarations only: each docstring is the contract — arguments, return value, who calls the hook
+and when. Implementations are marked with `plugins.hookimpl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from plugins.protocol import Backend, RequestSpec, Usage
+    from plugins.registry import BackendType, Route, Target
+
+hookspec = pluggy.HookspecMarker("switchyard")
+
+
+@hookspec
+def switchyard_backend_types() -> list[BackendType]:
+    """Return the backend types this plugin provides.
+
+    Called once at start-up, before `plugins.toml`'s `[[backends]]` tables are validated. Each
+    `BackendType` names a `type` (the value of `type = "..."` in a `[[backends]]` table), the
+    msgspec Struct its `[backends.options]` table is decoded into (unknown keys and bad values stop
+    start-up naming the key), and a factory `create(name, options) -> Backend`. A third-party
+    engine is a package that implements this hook and registers under the entry-point group
+    `switchyard`.
+    """
+
+
+@hookspec
+def switchyard_route_strategies() -> list[str]:
+    """Return the routing strategy names this plugin implements (`strategy = "..."` in a
+    `[[routes]]` table). Called once at start-up; a route naming a strategy no plugin
+    provides stops start-up."""
+
+
+@hookspec(firstresult=True)
+def switchyard_route(spec: RequestSpec, route: Route, candidates: list[Target]) -> Target | None:
+    """Pick the target that serves `spec` on `route`.
+
+    Called by the gateway for every request whose model name is a route, with `candidates` the
+    route's targets whose backends are not known to be down (never empty). The first non-None
+    result wins; a strategy plugin returns None for routes whose `strategy` is not its own.
+    """
+
+
+@hookspec
+def switchyard_on_request(spec: RequestSpec, backend: Backend) -> None:
+    """Observe a request about to be sent to `backend` (metrics, logs, A/B bookkeeping).
+
+    Called on the event loop right before `backend.generate(spec)`; must not block. Raising a
+    `plugins.errors.SwitchyardError` rejects the request with that error.
+    """
+
+
+@hookspec
+def switchyard_on_response(
+    spec: RequestSpec, backend: Backend, usage: Usage | None, outcome: str, timings: dict[str, Any]
+) -> None:
+    """Observe a finished request.
+
+    Called once per request after its last byte (or its failure or cancellation) with
+    `outcome` one of "ok", "error:<ErrorClass>" or "cancelled", the backend's normalized `usage`
+    (None when none arrived) and `timings` in seconds (`ttft`, `e2e`, and `itl` as a list).
+    Must not block.
+    """
