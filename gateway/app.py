@@ -5,9 +5,11 @@ from __future__ import annotations
 import hmac
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 from contextlib import asynccontextmanager
 
+import anyio
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.config.app import AppConfig
@@ -20,14 +22,16 @@ from gateway import schemas as S
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.responses import collect, open_stream
-from gateway.service import Gateway
+from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_capabilities, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
-from plugins.protocol import TokenizeRequest
+from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
+T = TypeVar("T")
 
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; never reaches the client
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -60,7 +64,10 @@ async def _before_request(request: Request) -> Response | None:
 
 def _validation_error(request: Request, exc: ValidationException) -> Response:
     cause = exc.__cause__
-    if isinstance(cause, msgspec.ValidationError):
+    if isinstance(cause, msgspec.ValidationError) and str(cause) == "Object missing required field `data`":
+        # an empty body: Litestar found no `data` for the handler's body parameter
+        error = InvalidRequest("The request body is empty; send a JSON object.")
+    elif isinstance(cause, msgspec.ValidationError):
         text = str(cause).replace("`$.data.", "`$.").replace("`$.data`", "`$`")
         error = from_decode_error(msgspec.ValidationError(text))
     else:
@@ -84,16 +91,46 @@ async def completions(request: Request, state: State, data: S.CompletionRequest)
     return await _serve(request, gateway, spec)
 
 
-async def _serve(request: Request, gateway: Gateway, spec) -> Response:
+async def _serve(request: Request, gateway: Gateway, spec: RequestSpec) -> Response:
     resolved = gateway.resolve(spec)
     spec = msgspec.structs.replace(spec, upstream_model=resolved.target.model)
     check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
     headers = _headers(request, resolved.backend.name)
     if spec.stream:
-        body = await open_stream(gateway, spec, resolved)
+        body = await _unless_disconnected(request, open_stream(gateway, spec, resolved))
+        if body is None:
+            return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
         return Stream(body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
-    result = await collect(gateway, spec, resolved)
+    result = await _unless_disconnected(request, collect(gateway, spec, resolved))
+    if result is None:
+        return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     return Response(content=msgspec.json.encode(result), media_type="application/json", headers=headers)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work`, cancelling it (and so the backend's generation) if the client goes away
+    first; None then. Streams get the same from Litestar once their body has started."""
+    result: list[T] = []
+    failure: list[Exception] = []
+
+    async def run(scope: anyio.CancelScope) -> None:
+        try:
+            result.append(await work)
+        except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup
+            failure.append(exc)
+        scope.cancel()
+
+    async def watch_disconnect(scope: anyio.CancelScope) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(run, tasks.cancel_scope)
+        tasks.start_soon(watch_disconnect, tasks.cancel_scope)
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
 
 
 @get("/v1/models", summary="List the models this gateway serves.")
@@ -115,9 +152,7 @@ def _card(gateway: Gateway, name: str) -> S.ModelCard:
     return S.ModelCard(id=name, created=gateway.created, owned_by=owner, max_model_len=max_model_len)
 
 
-def _resolve_for_tokens(gateway: Gateway, model: str | None, request_id: str):
-    from plugins.protocol import RequestSpec, SamplingParams
-
+def _resolve_for_tokens(gateway: Gateway, model: str | None, request_id: str) -> Resolved:
     name = model or next(iter(gateway.routes), None)
     if name is None:
         raise NotFound("No models are served.")
@@ -173,7 +208,7 @@ async def ready(state: State) -> Response:
 
 @get("/metrics", summary="Prometheus metrics.")
 async def metrics(state: State) -> Response:
-    return Response(content=_gateway(state).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(content=_gateway(state).metrics.render(), media_type="text/plain; version=0.0.4")  # Litestar appends "; charset=utf-8"
 
 
 def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from plugins.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 DEFAULT_CONFIG = "plugins.toml"
 
@@ -18,6 +22,9 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.config import load_config
 
     config = load_config(args.config)
+    # everything check-config checks, before uvicorn: a bad backend option or strategy then stops
+    # start-up with the one-line message naming the file and key, not a lifespan traceback
+    _validate(config)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     logging.basicConfig(level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -35,17 +42,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config(args: argparse.Namespace) -> int:
-    from gateway.config import load_config, resolve_backend_options
+def _validate(config: Config) -> None:
+    from gateway.config import resolve_backend_options
     from plugins.manager import backend_types, build_plugin_manager
 
-    config = load_config(args.path)
     pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
     resolve_backend_options(config, backend_types(pm))
     strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
     for i, route in enumerate(config.routes):
         if route.strategy not in strategies:
             raise ConfigError(f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy`")
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.config import load_config
+
+    config = load_config(args.path)
+    _validate(config)
     print(f"{config.source}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 
 import msgspec
 from litestar import Request, Response
@@ -65,6 +66,7 @@ def error_payload(error: E.SwitchyardError) -> tuple[int, ErrorResponse]:
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
+_MISSING_FIELD = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
 
 
 def from_decode_error(exc: msgspec.DecodeError) -> E.InvalidRequest:
@@ -75,20 +77,46 @@ def from_decode_error(exc: msgspec.DecodeError) -> E.InvalidRequest:
     path = ""
     match = _AT_PATH.search(text)
     if match:
-        path = match["path"].lstrip(".")
+        # msgspec writes a dict value's position as `[...]`; the param is the dict itself
+        path = match["path"].lstrip(".").replace("[...]", "")
         text = text[: match.start()]
     unknown = _UNKNOWN_FIELD.search(text)
     if unknown:
         param = f"{path}.{unknown['field']}" if path else unknown["field"]
         return E.InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param)
+    missing = _MISSING_FIELD.search(text)
+    if missing:
+        param = f"{path}.{missing['field']}" if path else missing["field"]
+        return E.InvalidRequest(f"Missing required argument: `{param}`.", param=param)
     if not path:
         return E.InvalidRequest(f"Invalid request body: {text}")
     return E.InvalidRequest(f"Invalid value for `{path}`: {text}", param=path)
 
 
-def _response(error: E.SwitchyardError, request: Request) -> Response:
-    status, payload = error_payload(error)
-    headers = {"x-request-id": request.scope.get("state", {}).get("request_id", "")}
+def request_id_of(request: Request) -> str:
+    """The request's id: set by `before_request`, or — for errors raised before it ran (no
+    route, body unreadable) — the client's `x-request-id`, or a new one."""
+    state = request.scope.setdefault("state", {})
+    request_id = state.get("request_id")
+    if not request_id:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        state["request_id"] = request_id
+    return request_id
+
+
+def _count(request: Request, error_type: str) -> None:
+    """`switchyard_errors_total{type}`: every error answered (the gateway exists once the
+    lifespan has run; errors before that are not counted)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        gateway.metrics.errors.labels(error_type).inc()
+
+
+def _response(error: E.SwitchyardError, request: Request, status: int | None = None) -> Response:
+    code, payload = error_payload(error)
+    _count(request, payload.error.type)
+    status = code if status is None else status
+    headers = {"x-request-id": request_id_of(request)}
     if isinstance(error, E.Overloaded) and error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, round(error.retry_after_s)))
     if isinstance(error, E.AuthenticationFailed):
@@ -106,14 +134,11 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
         error: E.SwitchyardError = E.NotFound(f"Route {request.method} {request.url.path} not found.")
     elif isinstance(exc, MethodNotAllowedException):
         error = E.InvalidRequest(f"Method {request.method} not allowed for {request.url.path}.")
-        status, payload = error_payload(error)
-        return Response(content=msgspec.json.encode(payload), status_code=405, media_type="application/json")
+        return _response(error, request, status=405)
     elif exc.status_code == 413:
         error = E.RequestTooLarge("Request body too large.")
     elif exc.status_code < 500:
-        error = E.InvalidRequest(exc.detail)
-        status, payload = error_payload(error)
-        return Response(content=msgspec.json.encode(payload), status_code=exc.status_code, media_type="application/json")
+        return _response(E.InvalidRequest(exc.detail), request, status=exc.status_code)
     else:
         return handle_internal_error(request, exc)
     return _response(error, request)
@@ -121,10 +146,11 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
 
 def handle_internal_error(request: Request, exc: Exception) -> Response:
     """A real bug: log the traceback, answer 500 with the request id and no traceback."""
-    request_id = request.scope.get("state", {}).get("request_id", "")
+    request_id = request_id_of(request)
     log.exception("internal error in request %s", request_id)
     error = E.SwitchyardError(f"Internal server error (request id {request_id}).")
     status, payload = error_payload(error)
+    _count(request, payload.error.type)
     return Response(content=msgspec.json.encode(payload), status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type="application/json", headers={"x-request-id": request_id})
 
 

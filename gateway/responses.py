@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
 from gateway import schemas as S
 from gateway.errors import error_payload
@@ -107,7 +107,9 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
         yield state.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
-        yield error_event(error_payload(exc)[1]) + DONE
+        payload = error_payload(exc)[1]
+        observed.gateway.metrics.errors.labels(payload.error.type).inc()
+        yield error_event(payload) + DONE
     except BaseException as exc:
         error = exc
         raise
@@ -126,6 +128,8 @@ class _StreamState:
         self.n = spec.sampling.n
         self.finished: set[int] = set()
         self.usage: Usage | None = None
+        # per choice: characters of token text sent so far (legacy completions' `text_offset`)
+        self.text_offsets: dict[int, int] = {}
 
     def start(self) -> bytes:
         if not self.encoder.chat:
@@ -148,7 +152,7 @@ class _StreamState:
                     self._finish(following)
                     skip_next = True
                 if event.text or event.logprobs or finish is not None:
-                    parts.append(self.encoder.text(event.index, event.text, self._logprobs(event.logprobs, event.text), finish))
+                    parts.append(self.encoder.text(event.index, event.text, self._logprobs(event.logprobs, event.index), finish))
             elif isinstance(event, Finish):
                 self._finish(event)
                 parts.append(self.encoder.text(event.index, "", finish=event.reason))
@@ -163,12 +167,14 @@ class _StreamState:
             raise UpstreamError(f"The backend finished choice {event.index} twice.", kind="bad_gateway")
         self.finished.add(event.index)
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None, text: str) -> bytes:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, index: int) -> bytes:
         if logprobs is None:
             return b"null"
         if self.encoder.chat:
             return chat_logprobs_json(logprobs)
-        return _encode_completion_logprobs(logprobs)
+        offset = self.text_offsets.get(index, 0)
+        self.text_offsets[index] = offset + sum(len(lp.token) for lp in logprobs)
+        return _encode_completion_logprobs(logprobs, offset)
 
     def check_complete(self, backend: str) -> None:
         missing = set(range(self.n)) - self.finished
@@ -179,10 +185,8 @@ class _StreamState:
         return (self.encoder.usage(usage) if self.spec.include_usage else b"") + DONE
 
 
-def _encode_completion_logprobs(logprobs: list[TokenLogprob]) -> bytes:
-    import msgspec
-
-    return msgspec.json.encode(completion_logprobs(logprobs, offset=0))
+def _encode_completion_logprobs(logprobs: list[TokenLogprob], offset: int) -> bytes:
+    return msgspec.json.encode(completion_logprobs(logprobs, offset=offset))
 
 
 # -- non-streaming --------------------------------------------------------------------------------

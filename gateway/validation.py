@@ -58,6 +58,14 @@ def _check_structured_outputs(req: S.SamplingFields) -> None:
 
 def check_chat(req: S.ChatCompletionRequest, *, max_n: int) -> None:
     check_common(req, max_n=max_n)
+    if req.max_completion_tokens is not None:
+        if req.max_completion_tokens < 1:
+            raise _fail("`max_completion_tokens` must be at least 1.", "max_completion_tokens")
+        if req.min_tokens and req.min_tokens > req.max_completion_tokens:
+            raise _fail(
+                f"`min_tokens` ({req.min_tokens}) is larger than `max_completion_tokens` ({req.max_completion_tokens}).",
+                "min_tokens",
+            )
     if req.top_logprobs and not req.logprobs:
         raise _fail("`top_logprobs` needs `logprobs` set to true.", "top_logprobs")
     if req.continue_final_message and req.add_generation_prompt:

@@ -37,7 +37,7 @@ class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[str] = msgspec.field(default_factory=lambda: ["echo-1"])
     token_delay_s: float = 0.0
     max_model_len: int = 256
-    extensions: list[str] = msgspec.field(default_factory=lambda: sorted(EXTENSIONS - {"structured_outputs"}))
+    extensions: list[str] = msgspec.field(default_factory=lambda: sorted(EXTENSIONS - {"structured_outputs", "continuous_usage_stats"}))
     cancel_log: str | None = None  # a file where each cancelled request id is appended
     healthy: bool = True
 
