@@ -1,0 +1,61 @@
+"""Engine settings, each with a default that works for the bundled small model on a CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from builtin_engine.loader import ModelConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Longest prompt + completion; None: the model's max_position_embeddings, capped by the KV
+    # cache (and a sliding window, when the model has one).
+    max_model_len: int | None = None
+    max_num_seqs: int = 64  # sequences in one step's batch
+    max_num_batched_tokens: int = 256  # tokens per step; longer prompts are prefilled in chunks
+    block_size: int = 16  # tokens per KV cache block
+    kv_cache_tokens: int = 16384  # KV cache capacity in tokens, over all sequences
+    max_waiting: int = 256  # requests admitted but not yet scheduled; more raise QueueFull
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch intra-op threads; None: leave torch's setting
+    logprobs_mode: Literal["raw", "processed"] = "raw"  # see builtin_engine.sampler
+    max_top_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens", "max_waiting")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) is less than one block ({self.block_size})")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size
+
+
+def resolve_max_model_len(model_config: ModelConfig, config: EngineConfig) -> int:
+    """The configured max_model_len, or the model's, capped by the KV cache and a sliding window.
+    Raises ValueError when a configured value does not fit."""
+    limit = config.num_kv_blocks * config.block_size
+    if model_config.sliding_window is not None:
+        limit = min(limit, model_config.sliding_window)
+    if config.max_model_len is None:
+        return min(model_config.max_position_embeddings, limit)
+    if config.max_model_len > model_config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
+            f"{model_config.max_position_embeddings}"
+        )
+    if config.max_model_len > limit:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds what kv_cache_tokens (or the model's sliding "
+            f"window) allows: {limit} tokens"
+        )
+    return config.max_model_len

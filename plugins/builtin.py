@@ -1,0 +1,411 @@
+"""The `builtin` backend: Switchyard's own in-process engine (`builtin_engine`).
+
+    [[backends]]
+    name = "local"
+    type = "builtin"
+    [backends.options]
+    model = "smollm2-135m-instruct"   # or a checkpoint directory
+
+`generate(spec)`: render the chat template (or take the completion prompt), tokenize, submit to
+the engine, and turn its per-step outputs into protocol events: `TextDelta`s per choice, one
+`Finish` per choice, one `Usage`. Closing the event iterator aborts the request in the engine,
+which frees its sequences and KV blocks before its next step.
+
+Nothing heavy is imported here at module level: torch and `builtin_engine` load in `start()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import msgspec
+
+from plugins import hookimpl
+from plugins.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    UpstreamError,
+)
+from plugins.protocol import (
+    Capabilities,
+    Event,
+    Finish,
+    ModelInfo,
+    RequestSpec,
+    TextDelta,
+    TokenizeRequest,
+    TokenizeResult,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from plugins.registry import BackendType
+
+if TYPE_CHECKING:
+    from builtin_engine.chat_template import ChatTemplate
+    from builtin_engine.engine import LLMEngine
+    from builtin_engine.outputs import ChoiceOutput
+    from builtin_engine.sampler import TokenLogprobs
+    from builtin_engine.tokenizer import Tokenizer
+
+EXTENSIONS = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "priority",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "min_tokens",
+        "ignore_eos",
+        "stop_token_ids",
+        "continuous_usage_stats",
+    }
+)
+_TEMPLATE_CACHE_SIZE = 16
+
+
+def _doc(description: str, **constraints: Any) -> Any:
+    return msgspec.Meta(description=description, **constraints)
+
+
+_AtLeast1 = Annotated[int, msgspec.Meta(ge=1)]
+_AtLeast2 = Annotated[int, msgspec.Meta(ge=2)]
+
+
+class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """`[backends.options]` of a `type = "builtin"` backend. Every key is optional."""
+
+    model: Annotated[str, _doc("A known model name (fetched and converted once) or the path of an HF "
+                               "checkpoint directory of the Llama family.")] = "smollm2-135m-instruct"
+    served_model_name: Annotated[str | None, _doc("The name clients and routes use for the model; default: "
+                                                  "`model`, or the directory's name when `model` is a path.")] = None
+    dtype: Annotated[Literal["float32", "bfloat16"], _doc("Weights and KV cache precision. float32 is faster "
+                                                          "than bfloat16 on CPUs.")] = "float32"
+    max_model_len: Annotated[_AtLeast2 | None, _doc("Longest prompt + completion in tokens; default: the model's "
+                                                    "max_position_embeddings, capped by kv_cache_tokens.")] = None
+    max_num_seqs: Annotated[int, _doc("Most sequences batched in one engine step.", ge=1)] = 64
+    max_num_batched_tokens: Annotated[int, _doc("Most tokens per engine step; longer prompts are prefilled in "
+                                                "chunks between decode steps.", ge=1)] = 256
+    block_size: Annotated[int, _doc("Tokens per KV cache block (the prefix cache's unit).", ge=1)] = 16
+    kv_cache_tokens: Annotated[int, _doc("KV cache capacity in tokens over all sequences; when full, the "
+                                         "latest lowest-priority sequence is preempted and recomputed later. "
+                                         "Memory: 2 x layers x kv_heads x head_dim x dtype size per token.",
+                                         ge=1)] = 16384
+    max_waiting: Annotated[int, _doc("Requests that may wait for a batch slot; more are refused as overloaded.",
+                                     ge=1)] = 256
+    enable_prefix_caching: Annotated[bool, _doc("Reuse the KV cache of shared prompt prefixes (full blocks).")] = True
+    chat_template: Annotated[str | None, _doc("Override of the model's chat template: the template text, a "
+                                              "path to a template file, or a named template of the model.")] = None
+    num_threads: Annotated[_AtLeast1 | None, _doc("torch CPU threads for the engine; default: torch's own "
+                                                  "choice.")] = None
+    logprobs_mode: Annotated[Literal["raw", "processed"], _doc(
+        "Which distribution logprobs come from: 'raw' (the model's, before penalties, temperature and "
+        "truncation; vLLM's default) or 'processed' (after penalties and temperature).")] = "raw"
+
+
+def served_name(options: BuiltinOptions) -> str:
+    if options.served_model_name:
+        return options.served_model_name
+    path = Path(options.model).expanduser()
+    return path.resolve().name if path.is_dir() or "/" in options.model else options.model
+
+
+class BuiltinBackend:
+    """A `plugins.protocol.Backend` over one in-process `LLMEngine`."""
+
+    def __init__(self, name: str, options: BuiltinOptions) -> None:
+        self.name = name
+        self.options = options
+        self.served_model_name = served_name(options)
+        self.engine: LLMEngine | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.chat_template: ChatTemplate | None = None  # None: the model has none and no override
+        self._chat_template_error: str | None = None
+        self._templates: dict[str, ChatTemplate] = {}  # per-request overrides, compiled once
+        self._token_text: dict[int, tuple[str, list[int]]] = {}
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.engine is None:
+            await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        from builtin_engine.chat_template import ChatTemplate, ChatTemplateError
+        from builtin_engine.config import EngineConfig
+        from builtin_engine.detokenizer import IncrementalDetokenizer
+        from builtin_engine.engine import LLMEngine
+        from builtin_engine.errors import UnsupportedModelError
+        from builtin_engine.model_store import ModelStoreError, resolve_model
+        from builtin_engine.tokenizer import Tokenizer, TokenizerError
+
+        o = self.options
+        where = f"backend {self.name!r}, [backends.options]"
+        try:
+            model_dir = resolve_model(o.model)
+            tokenizer = Tokenizer.from_dir(model_dir)
+            config = EngineConfig(
+                dtype=o.dtype, max_model_len=o.max_model_len, max_num_seqs=o.max_num_seqs,
+                max_num_batched_tokens=o.max_num_batched_tokens, block_size=o.block_size,
+                kv_cache_tokens=o.kv_cache_tokens, max_waiting=o.max_waiting,
+                enable_prefix_caching=o.enable_prefix_caching, num_threads=o.num_threads,
+                logprobs_mode=o.logprobs_mode,
+            )
+            engine = LLMEngine.from_model_dir(
+                model_dir,
+                config=config,
+                eos_token_ids=tokenizer.eos_token_ids,
+                detokenizer_factory=lambda prompt_ids, skip: IncrementalDetokenizer(
+                    tokenizer, skip_special_tokens=skip, prompt_ids=prompt_ids
+                ),
+            )
+        except (ModelStoreError, TokenizerError, UnsupportedModelError) as exc:
+            raise ConfigError(f"{where} model: {exc}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        try:
+            self.chat_template = ChatTemplate.from_dir(model_dir, override=o.chat_template)
+        except ChatTemplateError as exc:
+            if o.chat_template is not None:
+                raise ConfigError(f"{where} chat_template: {exc}") from exc
+            self._chat_template_error = str(exc)  # completions still work; chat requests get a 400
+        self.tokenizer = tokenizer
+        engine.start()
+        self.engine = engine
+
+    async def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.shutdown)
+
+    async def health(self) -> bool:
+        return self.engine is not None and self.engine.is_alive()
+
+    # ---- description ----------------------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            extensions=EXTENSIONS,
+            reports_cached_tokens=True,
+            max_model_len=self.engine.max_model_len if self.engine is not None else self.options.max_model_len,
+            supports_tools=False,
+            supports_logprobs=True,
+            supports_completions=True,
+        )
+
+    async def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=self.served_model_name, max_model_len=self.capabilities().max_model_len)]
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:  # type: ignore[override]
+        engine = self._require_engine(spec.upstream_model)
+        if spec.structured_outputs or (spec.response_format or {}).get("type", "text") != "text":
+            raise InvalidRequest("The builtin backend does not support structured outputs yet.",
+                                 param="response_format")
+        prompt_ids = self._prompt_ids(spec)
+        params = _engine_params(spec)
+        handle = self._submit(engine, spec, prompt_ids, params)
+        try:
+            if spec.echo and spec.kind == "completion":
+                text = spec.prompt if isinstance(spec.prompt, str) else self._decode(prompt_ids, False)
+                for index in range(params.n):
+                    yield TextDelta(text=text, index=index)
+            pending: dict[int, list[int]] = {}  # choice -> token ids not yet sent (held-back text)
+            async for output in handle:
+                for choice in output.choices:
+                    event = self._text_event(choice, pending, want_logprobs=params.logprobs)
+                    if event is not None:
+                        yield event
+                    if choice.finish_reason is not None:
+                        yield Finish(reason=choice.finish_reason, index=choice.index)
+                if output.finished:
+                    yield Usage(
+                        prompt_tokens=output.num_prompt_tokens,
+                        completion_tokens=output.num_output_tokens,
+                        cached_tokens=output.num_cached_tokens,
+                    )
+        except _engine_error_types() as exc:
+            raise _map_engine_error(exc, spec) from exc
+        finally:
+            if not handle.finished:
+                engine.abort(handle.request_id)
+
+    def _submit(self, engine: LLMEngine, spec: RequestSpec, prompt_ids: list[int], params: Any) -> Any:
+        try:
+            return engine.add_request(
+                prompt_ids, params, priority=spec.priority, request_id=f"{spec.request_id}-{uuid.uuid4().hex[:8]}"
+            )
+        except _engine_error_types() as exc:
+            raise _map_engine_error(exc, spec) from exc
+
+    def _text_event(self, choice: ChoiceOutput, pending: dict[int, list[int]], *,
+                    want_logprobs: bool) -> TextDelta | None:
+        """A TextDelta for the choice's news, or None when its text is held back and no logprobs
+        ride (its token ids then go with the next delta)."""
+        token_ids = pending.setdefault(choice.index, [])
+        token_ids.extend(choice.token_ids)
+        logprobs = [self._logprob(lp) for lp in choice.logprobs] if want_logprobs and choice.logprobs else None
+        if not choice.text and not logprobs:
+            return None
+        pending[choice.index] = []
+        return TextDelta(text=choice.text, index=choice.index, token_ids=tuple(token_ids), logprobs=logprobs)
+
+    def _logprob(self, lp: TokenLogprobs) -> TokenLogprob:
+        token, data = self._token_repr(lp.token_id)
+        top = []
+        for token_id, logprob in lp.top:
+            top_token, top_data = self._token_repr(token_id)
+            top.append(TopLogprob(token=top_token, logprob=logprob, bytes=top_data))
+        return TokenLogprob(token=token, logprob=lp.logprob, bytes=data, top_logprobs=top)
+
+    def _token_repr(self, token_id: int) -> tuple[str, list[int]]:
+        """A token's text for logprobs (its bytes decoded, U+FFFD for a partial character) and bytes."""
+        cached = self._token_text.get(token_id)
+        if cached is None:
+            assert self.tokenizer is not None
+            data = self.tokenizer.token_bytes(token_id)
+            cached = (data.decode("utf-8", errors="replace"), list(data))
+            self._token_text[token_id] = cached
+        return cached
+
+    # ---- prompts --------------------------------------------------------------------------------
+
+    def _prompt_ids(self, spec: RequestSpec) -> list[int]:
+        assert self.tokenizer is not None
+        if spec.messages is not None:
+            text = self._render(spec.messages, chat_template=spec.chat_template,
+                                add_generation_prompt=spec.add_generation_prompt,
+                                continue_final_message=spec.continue_final_message, tools=spec.tools,
+                                chat_template_kwargs=spec.chat_template_kwargs)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(spec.prompt, str):
+            return self.tokenizer.encode(spec.prompt, add_special_tokens=True)
+        if isinstance(spec.prompt, list):
+            return list(spec.prompt)
+        raise InvalidRequest("Either messages or prompt is required.", param="messages")
+
+    def _render(self, messages: list[dict[str, Any]], *, chat_template: str | None, add_generation_prompt: bool,
+                continue_final_message: bool, tools: list[dict[str, Any]] | None,
+                chat_template_kwargs: dict[str, Any] | None) -> str:
+        from builtin_engine.chat_template import ChatTemplateError
+
+        try:
+            template = self._template(chat_template)
+            return template.render(messages, add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message, tools=tools,
+                                   chat_template_kwargs=chat_template_kwargs)
+        except ChatTemplateError as exc:
+            raise InvalidRequest(str(exc), param="chat_template" if chat_template else "messages") from exc
+
+    def _template(self, override: str | None) -> ChatTemplate:
+        from builtin_engine.chat_template import ChatTemplate, ChatTemplateError
+
+        if override is None:
+            if self.chat_template is None:
+                raise ChatTemplateError(self._chat_template_error or "the model has no chat template")
+            return self.chat_template
+        template = self._templates.get(override)
+        if template is None:
+            assert self.tokenizer is not None
+            template = ChatTemplate(override, special_tokens=self.tokenizer.special_tokens_map,
+                                    model_name=self.served_model_name)
+            if len(self._templates) >= _TEMPLATE_CACHE_SIZE:
+                self._templates.pop(next(iter(self._templates)))
+            self._templates[override] = template
+        return template
+
+    # ---- tokenize / detokenize ------------------------------------------------------------------
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        """vLLM's /tokenize. With `messages` the chat template is rendered and its text encoded
+        without adding special tokens again (as `generate` does, so the count equals a chat
+        request's `prompt_tokens`); a `prompt` is encoded with `add_special_tokens`."""
+        self._require_engine(request.upstream_model)
+        assert self.tokenizer is not None and self.engine is not None
+        if request.messages is not None:
+            text = self._render(request.messages, chat_template=request.chat_template,
+                                add_generation_prompt=request.add_generation_prompt,
+                                continue_final_message=request.continue_final_message, tools=request.tools,
+                                chat_template_kwargs=request.chat_template_kwargs)
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        elif request.prompt is not None:
+            tokens = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        else:
+            raise InvalidRequest("Either prompt or messages is required.", param="prompt")
+        strs = None
+        if request.return_token_strs:
+            strs = [self.tokenizer.id_to_token(t) or "" for t in tokens]
+        return TokenizeResult(tokens=tokens, max_model_len=self.engine.max_model_len, token_strs=strs)
+
+    async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
+        self._require_engine(upstream_model)
+        assert self.tokenizer is not None
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in tokens):
+            raise InvalidRequest(f"token ids must be in [0, {self.tokenizer.vocab_size})", param="tokens")
+        return self._decode(tokens, False)
+
+    def _decode(self, tokens: list[int], skip_special_tokens: bool) -> str:
+        assert self.tokenizer is not None
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+    def _require_engine(self, upstream_model: str) -> LLMEngine:
+        if upstream_model != self.served_model_name:
+            raise ModelNotFound(upstream_model)
+        if self.engine is None:
+            raise UpstreamError(f"backend {self.name!r} is not started", kind="unavailable")
+        return self.engine
+
+
+def _engine_params(spec: RequestSpec) -> Any:
+    """The engine's SamplingParams: the same fields, copied one by one (a test checks that the
+    engine knows every protocol field)."""
+    import dataclasses
+
+    from builtin_engine.sampling_params import SamplingParams
+
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    return SamplingParams(**{k: v for k, v in msgspec.structs.asdict(spec.sampling).items() if k in known})
+
+
+def _engine_error_types() -> tuple[type[BaseException], ...]:
+    from builtin_engine.errors import EngineError
+
+    return (EngineError,)
+
+
+def _map_engine_error(exc: BaseException, spec: RequestSpec) -> Exception:
+    from builtin_engine import errors as e
+
+    if isinstance(exc, e.ContextLengthExceeded):
+        param = "max_tokens" if exc.param == "max_tokens" else ("messages" if spec.kind == "chat" else "prompt")
+        return ContextLengthExceeded(str(exc), param=param)
+    if isinstance(exc, e.InvalidRequestError):
+        return InvalidRequest(str(exc), param=exc.param)
+    if isinstance(exc, e.QueueFull):
+        return Overloaded(str(exc), retry_after_s=1.0)
+    return UpstreamError(str(exc), kind="unavailable")
+
+
+@hookimpl
+def switchyard_backend_types() -> list[BackendType]:
+    return [
+        BackendType(
+            name="builtin",
+            options=BuiltinOptions,
+            create=BuiltinBackend,
+            description="Switchyard's in-process engine (Llama-family checkpoints on CPU or CUDA).",
+        )
+    ]
