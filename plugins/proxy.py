@@ -1,0 +1,758 @@
+"""The shared core of every proxy backend (vLLM, llama.cpp, any OpenAI-compatible server).
+
+One `httpx.AsyncClient` per backend (connection pool, keep-alive), three separate timeouts
+(connect; first byte: from sending the request until the first body bytes; idle: between two
+body pieces), the incremental SSE parser (`plugins.sse_parser`), the mapping of upstream chunks
+to `plugins.protocol` events, and the mapping of upstream error bodies to `plugins.errors`,
+done once here. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
+and override only what differs: the request body (`translate_*`), the catalogue, tokenization.
+
+Design points:
+- Upstream requests always stream (`stream: true`, `stream_options.include_usage: true`) —
+  also for a client's non-streaming request, which the gateway assembles from the events. So
+  usage is always metered, the first-byte/idle timeouts mean the same for both kinds, and
+  closing the event iterator (client gone) always closes the upstream connection, which is how
+  vLLM and llama.cpp learn to abort the request. A plain JSON answer (a server that ignores
+  `stream`) is accepted too.
+- The client never sees an upstream's id, `created`, `model`, `system_fingerprint`, vLLM's
+  `stop_reason`/`token_ids`, llama.cpp's `timings`, or the upstream role chunk (the gateway
+  writes its own): only TextDelta / ToolCallDelta / Finish / Usage come out. Empty deltas are
+  dropped. `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
+  llama.cpp's `timings.cache_n`.
+- Every sampling value is sent explicitly (the gateway fills OpenAI defaults into
+  `RequestSpec.sampling`), so a server's own defaults (llama.cpp: temperature 0.8, top_k 40,
+  top_p 0.95, min_p 0.05; vLLM: the model's generation_config) never apply.
+- `api_key` goes only into this backend's client (`Authorization: Bearer`), is never logged,
+  and is redacted from the options' repr; redirects are not followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import httpx
+import msgspec
+
+from plugins.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    NotFound,
+    RequestTooLarge,
+    SwitchyardError,
+    UpstreamError,
+)
+from plugins.protocol import (
+    EXTENSIONS,
+    Capabilities,
+    Event,
+    Finish,
+    ModelInfo,
+    RequestSpec,
+    TextDelta,
+    TokenizeRequest,
+    TokenizeResult,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from plugins.sse_parser import SSEParser
+
+log = logging.getLogger("switchyard.proxy")
+
+MAX_ERROR_BODY = 1 << 20  # bytes of an upstream error body read before giving up on the rest
+
+_json_decode = msgspec.json.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+class TimeoutOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Seconds. `first_byte_s` runs from sending the request to the first body bytes (covers
+    queueing and prefill); `idle_s` is the longest silence allowed between two body pieces."""
+
+    connect_s: float = 5.0
+    first_byte_s: float = 120.0
+    idle_s: float = 60.0
+    write_s: float = 30.0
+    health_s: float = 2.0  # one /health probe
+
+
+class PoolOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    max_connections: int = 256
+    max_keepalive_connections: int = 64
+    # below the servers' own idle keep-alive timeout (uvicorn, hence vLLM: 5 s; llama-server's
+    # cpp-httplib: 5 s), so a pooled connection is dropped by us before the server drops it
+    keepalive_expiry_s: float = 4.0
+    acquire_timeout_s: float = 10.0  # waiting for a free pooled connection
+
+
+class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Options every proxy backend shares (`[backends.options]` in plugins.toml).
+
+    - `base_url`: the upstream server, without `/v1` (e.g. "http://127.0.0.1:8001").
+    - `api_key` / `api_key_env`: sent as `Authorization: Bearer` to this upstream only; prefer
+      `api_key_env` (the name of an environment variable) over a key written in the file.
+    - `models`: the gateway's model names → the upstream's names. Empty: serve every model the
+      upstream lists, under its own name. Non-empty: serve exactly these names.
+    - `max_model_len`: overrides what the upstream reports.
+    - `headers`: extra headers sent upstream with every request.
+    """
+
+    base_url: str = ""
+    api_key: str | None = None
+    api_key_env: str | None = None
+    models: dict[str, str] = {}
+    max_model_len: int | None = None
+    timeouts: TimeoutOptions = TimeoutOptions()
+    pool: PoolOptions = PoolOptions()
+    headers: dict[str, str] = {}
+
+    def __repr__(self) -> str:  # never show a key
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "api_key" and value is not None:
+                value = "***"
+            fields.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(fields)})"
+
+
+# ----------------------------------------------------------------------------- error mapping
+
+_OVERFLOW = re.compile(
+    r"maximum context length|context length|exceeds the available context size|context size|max_model_len"
+    r"|context window|too many tokens|prompt is too long",
+    re.IGNORECASE,
+)
+_OUTPUT_PARAMS = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
+
+
+def _error_fields(payload: Any) -> tuple[str, str | None, str | None]:
+    """(message, type, param) from an upstream error body, whatever its shape: OpenAI/vLLM/
+    llama.cpp `{"error": {...}}`, vLLM's 401 `{"error": "Unauthorized"}`, FastAPI's
+    `{"detail": ...}`, or plain text."""
+    if isinstance(payload, dict):
+        err = payload.get("error", payload)
+        if isinstance(err, str):
+            return err, None, None
+        if isinstance(err, dict):
+            message = err.get("message") or err.get("detail") or err.get("msg")
+            if not isinstance(message, str):
+                message = _json_encode(err).decode() if message is None else str(message)
+            etype = err.get("type")
+            param = err.get("param")
+            return message, etype if isinstance(etype, str) else None, param if isinstance(param, str) else None
+    if isinstance(payload, str):
+        return payload, None, None
+    return _json_encode(payload).decode(), None, None
+
+
+def _clean_param(param: str | None) -> str | None:
+    if not param:
+        return None
+    return param.removeprefix("body.")
+
+
+def map_upstream_error(status: int, payload: Any, *, backend: str, spec: RequestSpec | None = None) -> SwitchyardError:
+    """The one mapping of an upstream error (HTTP status + parsed body) onto the gateway's
+    typed errors. The upstream's message is kept as it is."""
+    message, etype, param = _error_fields(payload)
+    message = message.strip() or f"Backend `{backend}` answered HTTP {status}."
+    param = _clean_param(param)
+    if etype == "exceed_context_size_error" or (400 <= status < 500 and status != 429 and _OVERFLOW.search(message)):
+        if param in _OUTPUT_PARAMS:
+            where = "max_tokens"
+        else:
+            where = "prompt" if spec is not None and spec.kind == "completion" else "messages"
+        return ContextLengthExceeded(message, param=where)
+    if status == 429:
+        return UpstreamError(message, kind="rate_limited", upstream_status=429)
+    if status in (401, 403):
+        # the gateway's own credentials for this upstream are wrong: never the client's fault
+        return UpstreamError(f"Backend `{backend}` refused the gateway's credentials: {message}", kind="bad_gateway",
+                             upstream_status=status)
+    if status == 404:
+        if spec is not None and (param == "model" or etype == "NotFoundError"):
+            return ModelNotFound(spec.model)
+        return NotFound(message)
+    if status == 413:
+        return RequestTooLarge(message)
+    if 400 <= status < 500:
+        return InvalidRequest(message, param=param)
+    if status == 503:
+        return UpstreamError(message, kind="unavailable", upstream_status=503)
+    if status >= 500:
+        return UpstreamError(message, kind="upstream_status", upstream_status=status)
+    return UpstreamError(f"Backend `{backend}` answered HTTP {status}: {message}", kind="bad_gateway",
+                         upstream_status=status)
+
+
+def error_from_body(status: int, body: bytes, *, backend: str, spec: RequestSpec | None = None) -> SwitchyardError:
+    try:
+        payload: Any = _json_decode(body) if body else ""
+    except msgspec.DecodeError:
+        payload = body[:2000].decode("utf-8", errors="replace")
+    return map_upstream_error(status, payload, backend=backend, spec=spec)
+
+
+def _status_of_error_event(payload: dict) -> int:
+    err = payload.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    if isinstance(code, str) and code.isdigit():
+        return int(code)
+    return 500
+
+
+# ------------------------------------------------------------------------------- normalizer
+
+_FINISH = {
+    "stop": "stop",
+    "eos": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "stop",  # not in protocol.FinishReason (yet)
+}
+
+
+def _logprobs(raw: Any) -> list[TokenLogprob] | None:
+    """Chat `{"content": [...]}` items (llama.cpp's extra `id` dropped) or legacy completions'
+    `{"tokens", "token_logprobs", "top_logprobs"}` → TokenLogprob list."""
+    if not isinstance(raw, dict):
+        return None
+    content = raw.get("content")
+    if isinstance(content, list):
+        out = []
+        for item in content:
+            top = [
+                TopLogprob(token=t.get("token", ""), logprob=float(t.get("logprob", 0.0)), bytes=t.get("bytes"))
+                for t in item.get("top_logprobs") or ()
+            ]
+            out.append(TokenLogprob(token=item.get("token", ""), logprob=float(item.get("logprob", 0.0)),
+                                    bytes=item.get("bytes"), top_logprobs=top))
+        return out or None
+    tokens = raw.get("tokens")
+    if isinstance(tokens, list):
+        lps = raw.get("token_logprobs") or []
+        tops = raw.get("top_logprobs") or []
+        out = []
+        for i, token in enumerate(tokens):
+            lp = lps[i] if i < len(lps) and lps[i] is not None else 0.0
+            top_map = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            top = [TopLogprob(token=k, logprob=float(v)) for k, v in top_map.items()]
+            out.append(TokenLogprob(token=token, logprob=float(lp), bytes=list(token.encode()), top_logprobs=top))
+        return out or None
+    return None
+
+
+def usage_from(raw: dict, timings: Any = None) -> Usage:
+    details = raw.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        cached = timings["cache_n"]  # llama.cpp builds without prompt_tokens_details
+    return Usage(
+        prompt_tokens=int(raw.get("prompt_tokens") or 0),
+        completion_tokens=int(raw.get("completion_tokens") or 0),
+        cached_tokens=None if cached is None else int(cached),
+    )
+
+
+class StreamNormalizer:
+    """Upstream chunks (`chat.completion.chunk` / `text_completion`, one SSE `data` each) →
+    protocol events. Text with a `finish_reason` in the same chunk comes out as TextDelta then
+    Finish; empty deltas are dropped; the usage (whichever chunk carries it: vLLM's and
+    llama.cpp's `choices: []` chunk, llama.cpp's last /v1/completions chunk) comes out once, by
+    `finish()`, after the stream ended."""
+
+    def __init__(self, *, kind: str, n: int, backend: str, spec: RequestSpec | None = None) -> None:
+        self.chat = kind == "chat"
+        self.n = n
+        self.backend = backend
+        self.spec = spec
+        self.finished: set[int] = set()
+        self.usage: Usage | None = None
+        self.done = False  # `data: [DONE]` seen
+
+    def feed_data(self, data: str) -> list[Event]:
+        if data == "[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = _json_decode(data)
+        except msgspec.DecodeError:
+            raise UpstreamError(f"Backend `{self.backend}` sent an event that is not JSON: {data[:200]!r}",
+                                kind="bad_gateway") from None
+        if not isinstance(obj, dict):
+            raise UpstreamError(f"Backend `{self.backend}` sent an unexpected event: {data[:200]!r}", kind="bad_gateway")
+        return self.feed(obj)
+
+    def feed(self, obj: dict) -> list[Event]:
+        if "error" in obj and not obj.get("choices"):
+            raise map_upstream_error(_status_of_error_event(obj), obj, backend=self.backend, spec=self.spec)
+        events: list[Event] = []
+        for choice in obj.get("choices") or ():
+            index = choice.get("index", 0)
+            if not isinstance(index, int) or index in self.finished:
+                continue
+            if index >= self.n:
+                raise UpstreamError(f"Backend `{self.backend}` sent choice {index} of {self.n}.", kind="bad_gateway")
+            if self.chat:
+                delta = choice.get("delta") or choice.get("message") or {}
+                text = delta.get("content")
+                for call in delta.get("tool_calls") or ():
+                    fn = call.get("function") or {}
+                    events.append(ToolCallDelta(tool_index=call.get("index", 0), arguments=fn.get("arguments") or "",
+                                                id=call.get("id"), name=fn.get("name"), index=index))
+            else:
+                text = choice.get("text")
+            logprobs = _logprobs(choice.get("logprobs"))
+            if text or logprobs:
+                events.append(TextDelta(text=text or "", index=index, logprobs=logprobs))
+            reason = choice.get("finish_reason")
+            if reason:
+                events.append(Finish(reason=self._reason(reason), index=index))  # type: ignore[arg-type]
+                self.finished.add(index)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage_from(usage, obj.get("timings"))
+        return events
+
+    def feed_response(self, obj: dict) -> list[Event]:
+        """A whole non-streamed `chat.completion` / `text_completion` object (`message` is
+        read like a delta)."""
+        return self.feed(obj)
+
+    def _reason(self, reason: str) -> str:
+        if reason in ("abort", "error"):
+            raise UpstreamError(f"Backend `{self.backend}` ended the generation with finish_reason {reason!r}.",
+                                kind="bad_gateway")
+        return _FINISH.get(reason, "stop")
+
+    def finish(self) -> Usage:
+        missing = set(range(self.n)) - self.finished
+        if missing:
+            raise UpstreamError(f"Backend `{self.backend}` ended the stream before choice {min(missing)} finished.",
+                                kind="bad_gateway")
+        if self.usage is None:
+            raise UpstreamError(f"Backend `{self.backend}` sent no usage although it was asked for "
+                                "(`stream_options.include_usage`).", kind="bad_gateway")
+        return self.usage
+
+
+# ------------------------------------------------------------------------------------ backend
+
+
+class Rendered(msgspec.Struct, kw_only=True):
+    """What the template inspector shows: the prompt text the server built and its token ids."""
+
+    text: str
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class ProxyBackend:
+    """A backend that forwards to an OpenAI-compatible HTTP server. Subclasses set the class
+    attributes and override `translate_chat` / `translate_completion` (the request body),
+    `discover_models`, `tokenize`, `detokenize`, `render` where their server differs."""
+
+    engine: ClassVar[str] = "openai-compatible"
+    extensions: ClassVar[frozenset[str]] = frozenset()
+    max_n: ClassVar[int | None] = None
+    health_path: ClassVar[str] = "/health"
+    max_tokens_field: ClassVar[str] = "max_tokens"
+
+    def __init__(self, name: str, options: ProxyOptions) -> None:
+        self.name = name
+        self.options = options
+        self.client: httpx.AsyncClient | None = None
+        self._max_model_len: int | None = options.max_model_len
+        self._model_lens: dict[str, int | None] = {}
+        self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
+        self.launched: Any = None  # an engines.launch.ServerProcess when this backend started its server
+        self._launched_url: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return (self._launched_url or self.options.base_url).rstrip("/")
+
+    def _api_key(self) -> str | None:
+        if self.options.api_key:
+            return self.options.api_key
+        if self.options.api_key_env:
+            return os.environ.get(self.options.api_key_env) or None
+        return None
+
+    def _make_client(self) -> httpx.AsyncClient:
+        if not self.base_url:
+            raise ConfigError(f"backend `{self.name}`: `options.base_url` is empty (and no `launch` table)")
+        t, p = self.options.timeouts, self.options.pool
+        headers = {"accept-encoding": "identity", "user-agent": "switchyard-proxy", **self.options.headers}
+        key = self._api_key()
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=t.connect_s, write=t.write_s, pool=p.acquire_timeout_s),
+            limits=httpx.Limits(max_connections=p.max_connections, max_keepalive_connections=p.max_keepalive_connections,
+                                keepalive_expiry=p.keepalive_expiry_s),
+            follow_redirects=False,
+            trust_env=False,  # no proxy env vars between the gateway and its engines
+        )
+
+    async def launch(self) -> None:
+        """Start the upstream server when the options ask for it (subclasses); set
+        `self.launched` and `self._launched_url`."""
+
+    async def start(self) -> None:
+        if self.launched is None:
+            await self.launch()
+        if self.client is None:
+            self.client = self._make_client()
+        try:
+            await self.discover_models()
+        except SwitchyardError as exc:
+            log.warning("backend %s: upstream catalogue not available at start: %s", self.name, exc.message)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.aclose()
+        if self.launched is not None:
+            server, self.launched = self.launched, None
+            await asyncio.to_thread(server.stop)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = self._make_client()
+        return self.client
+
+    # -- capabilities, catalogue, health -----------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            extensions=self.extensions,
+            reports_cached_tokens=True,
+            max_model_len=self._max_model_len,
+            max_n=self.max_n,
+            supports_tools=self.supports_tools(),
+            supports_logprobs=True,
+            supports_completions=True,
+        )
+
+    def supports_tools(self) -> bool:
+        return False
+
+    def upstream_name(self, model: str) -> str:
+        return self.options.models.get(model, model)
+
+    async def discover_models(self) -> dict[str, int | None]:
+        """The upstream's model names and their context lengths (GET /v1/models)."""
+        body = await self._get_json("/v1/models")
+        lens: dict[str, int | None] = {}
+        for card in body.get("data") or ():
+            if isinstance(card, dict) and isinstance(card.get("id"), str):
+                mml = card.get("max_model_len")
+                lens[card["id"]] = mml if isinstance(mml, int) else None
+        self._set_model_lens(lens)
+        return lens
+
+    def _set_model_lens(self, lens: dict[str, int | None]) -> None:
+        self._model_lens = lens
+        if self.options.max_model_len is None:
+            served = [self.upstream_name(m) for m in self.options.models] or list(lens)
+            known = [lens[m] for m in served if lens.get(m)]
+            self._max_model_len = min(known) if known else None  # type: ignore[type-var]
+
+    async def models(self) -> list[ModelInfo]:
+        try:
+            lens = await self.discover_models()
+        except SwitchyardError as exc:
+            if not self.options.models:
+                log.warning("backend %s: cannot list upstream models (%s) and `models` is not configured; "
+                            "serving none until it answers", self.name, exc.message)
+                return []
+            lens = self._model_lens
+        override = self.options.max_model_len
+        if self.options.models:
+            return [ModelInfo(id=public, max_model_len=override or lens.get(upstream), owned_by=self.name)
+                    for public, upstream in self.options.models.items()]
+        return [ModelInfo(id=model, max_model_len=override or mml, owned_by=self.name) for model, mml in lens.items()]
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._client().get(self.health_path, timeout=self.options.timeouts.health_s)
+            ok = resp.status_code == 200
+        except (httpx.HTTPError, OSError):
+            ok = False
+        self.healthy = ok
+        return ok
+
+    # -- plain JSON requests (catalogue, tokenize) --------------------------------------------
+
+    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None) -> Any:
+        t = self.options.timeouts
+        try:
+            async with asyncio.timeout(t.first_byte_s):
+                resp = await self._client().request(
+                    method, path, content=None if body is None else _json_encode(body),
+                    headers={"content-type": "application/json"} if body is not None else None,
+                )
+        except TimeoutError:
+            raise UpstreamError(f"Backend `{self.name}` did not answer {method} {path} within {t.first_byte_s:g} s.",
+                                kind="timeout") from None
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        if resp.status_code >= 400:
+            raise error_from_body(resp.status_code, resp.content[:MAX_ERROR_BODY], backend=self.name, spec=spec)
+        try:
+            return _json_decode(resp.content) if resp.content else None
+        except msgspec.DecodeError:
+            raise UpstreamError(f"Backend `{self.name}` answered {path} with something that is not JSON.",
+                                kind="bad_gateway") from None
+
+    async def _get_json(self, path: str) -> Any:
+        body = await self._request_json("GET", path)
+        return body if isinstance(body, dict) else {}
+
+    def _transport_error(self, exc: BaseException, *, after_start: bool = False) -> UpstreamError:
+        t = self.options.timeouts
+        if isinstance(exc, httpx.ConnectTimeout):
+            return UpstreamError(f"Backend `{self.name}` ({self.base_url}) did not accept a connection within "
+                                 f"{t.connect_s:g} s.", kind="timeout")
+        if isinstance(exc, httpx.PoolTimeout):
+            return UpstreamError(f"Backend `{self.name}`: all {self.options.pool.max_connections} connections are busy.",
+                                 kind="unavailable")
+        if isinstance(exc, httpx.ConnectError):
+            return UpstreamError(f"Backend `{self.name}` ({self.base_url}) is unreachable: {exc}", kind="bad_gateway")
+        if isinstance(exc, httpx.TimeoutException):
+            return UpstreamError(f"Backend `{self.name}` timed out: {exc}", kind="timeout")
+        what = "broke the stream" if after_start else "failed"
+        return UpstreamError(f"Backend `{self.name}` {what}: {type(exc).__name__}: {exc}", kind="bad_gateway")
+
+    # -- generation ------------------------------------------------------------------------
+
+    def build_body(self, spec: RequestSpec) -> dict[str, Any]:
+        body = self.openai_body(spec)
+        return self.translate_chat(body, spec) if spec.kind == "chat" else self.translate_completion(body, spec)
+
+    def openai_body(self, spec: RequestSpec) -> dict[str, Any]:
+        """The OpenAI-standard part of the upstream body; every sampling value explicit."""
+        s = spec.sampling
+        body: dict[str, Any] = {"model": self.upstream_name(spec.upstream_model)}
+        if spec.kind == "chat":
+            body["messages"] = spec.messages
+        else:
+            body["prompt"] = spec.prompt
+            if spec.echo:
+                body["echo"] = True
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        body["n"] = s.n
+        body["temperature"] = s.temperature
+        body["top_p"] = s.top_p
+        body["presence_penalty"] = s.presence_penalty
+        body["frequency_penalty"] = s.frequency_penalty
+        if s.max_tokens is not None:
+            body[self.max_tokens_field if spec.kind == "chat" else "max_tokens"] = s.max_tokens
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.logit_bias:
+            body["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}
+        if s.logprobs:
+            if spec.kind == "chat":
+                body["logprobs"] = True
+                if s.top_logprobs:
+                    body["top_logprobs"] = s.top_logprobs
+            else:
+                body["logprobs"] = s.top_logprobs
+        if spec.tools:
+            body["tools"] = spec.tools
+        if spec.tool_choice is not None:
+            body["tool_choice"] = spec.tool_choice
+        if spec.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = spec.parallel_tool_calls
+        if spec.response_format is not None:
+            body["response_format"] = spec.response_format
+        if spec.user is not None:
+            body["user"] = spec.user
+        return body
+
+    def translate_chat(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:
+        return body
+
+    def translate_completion(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:
+        return body
+
+    def request_headers(self, spec: RequestSpec) -> dict[str, str]:
+        return {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        """Stream one request upstream. A failure before the first event is raised before any
+        event (so the gateway still answers with a real status); closing this iterator closes
+        the upstream response, which cancels the request upstream."""
+        body = self.build_body(spec)  # translation errors: 400 before anything is sent
+        path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
+        client = self._client()
+        t = self.options.timeouts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + t.first_byte_s
+        content = _json_encode(body)
+        headers = self.request_headers(spec)
+        response = await self._send(client, path, content, headers, deadline)
+        try:
+            if response.status_code != 200:
+                raw = await self._read_capped(response, deadline)
+                raise error_from_body(response.status_code, raw, backend=self.name, spec=spec)
+            norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec)
+            ctype = response.headers.get("content-type", "")
+            if "text/event-stream" not in ctype:
+                raw = await self._read_capped(response, deadline, limit=None)
+                try:
+                    obj = _json_decode(raw)
+                except msgspec.DecodeError:
+                    raise UpstreamError(f"Backend `{self.name}` answered with {ctype or 'no content type'}, "
+                                        "neither SSE nor JSON.", kind="bad_gateway") from None
+                for event in norm.feed_response(obj if isinstance(obj, dict) else {}):
+                    yield event
+            else:
+                parser = SSEParser()
+                async with contextlib.aclosing(self._pieces(response, deadline)) as pieces:
+                    async for piece in pieces:
+                        for sse in parser.feed(piece):
+                            if sse.event not in ("message", "error"):
+                                continue
+                            for event in norm.feed_data(sse.data):
+                                yield event
+                            if norm.done:
+                                break
+                        if norm.done:
+                            break
+                    if norm.done:
+                        await self._drain(pieces)  # read the chunked terminator: the connection stays reusable
+            yield norm.finish()
+        finally:
+            try:
+                await response.aclose()
+            except BaseException:  # noqa: BLE001 - closing must not mask what is propagating
+                pass
+
+    async def _send(self, client: httpx.AsyncClient, path: str, content: bytes, headers: dict[str, str],
+                    deadline: float) -> httpx.Response:
+        """POST and wait for the response head, under the first-byte deadline. A pooled
+        keep-alive connection the server closed just as we reused it fails before any response
+        byte ("server disconnected without sending a response"): that case, and only that, is
+        retried once on a fresh connection — the server never saw the request."""
+        t = self.options.timeouts
+        for attempt in (1, 2):
+            request = client.build_request("POST", path, content=content, headers=headers)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await client.send(request, stream=True)
+            except TimeoutError:
+                raise UpstreamError(f"Backend `{self.name}` sent no response within {t.first_byte_s:g} s.",
+                                    kind="timeout") from None
+            except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError) as exc:
+                if attempt == 1 and _stale_connection(exc):
+                    log.info("backend %s: pooled connection was closed by the server; retrying once", self.name)
+                    continue
+                raise self._transport_error(exc) from None
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc) from None
+        raise AssertionError("unreachable")
+
+    async def _pieces(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive (no re-chunking); the first piece under the first-byte
+        deadline, every later one under the idle timeout."""
+        t = self.options.timeouts
+        loop = asyncio.get_running_loop()
+        iterator = response.aiter_raw().__aiter__()
+        when = deadline
+        first = True
+        while True:
+            try:
+                async with asyncio.timeout_at(when):
+                    piece = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if first:
+                    raise UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.",
+                                        kind="timeout") from None
+                raise UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
+                                    kind="timeout") from None
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc, after_start=True) from None
+            first = False
+            when = loop.time() + t.idle_s
+            if piece:
+                yield piece
+
+    async def _drain(self, pieces: AsyncIterator[bytes]) -> None:
+        try:
+            async with asyncio.timeout(1.0):
+                async for _ in pieces:
+                    pass
+        except (TimeoutError, UpstreamError):
+            pass
+
+    async def _read_capped(self, response: httpx.Response, deadline: float, limit: int | None = MAX_ERROR_BODY) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with contextlib.aclosing(self._pieces(response, deadline)) as pieces:
+                async for piece in pieces:
+                    chunks.append(piece)
+                    size += len(piece)
+                    if limit is not None and size >= limit:
+                        break
+        except UpstreamError:
+            if not chunks:
+                raise
+        return b"".join(chunks)
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        raise InvalidRequest(f"Backend `{self.name}` does not offer tokenization.", param="model")
+
+    async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
+        raise InvalidRequest(f"Backend `{self.name}` does not offer detokenization.", param="model")
+
+    async def render(self, upstream_model: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                     chat_template_kwargs: dict[str, Any] | None = None,
+                     tools: list[dict[str, Any]] | None = None) -> Rendered:
+        """The chat prompt exactly as this server builds it: text and token ids."""
+        raise InvalidRequest(f"Backend `{self.name}` cannot show its rendered prompt.", param="model")
+
+
+def _stale_connection(exc: httpx.HTTPError) -> bool:
+    if isinstance(exc, httpx.WriteError):
+        return True
+    text = str(exc).lower()
+    return "without sending a response" in text or "connection reset" in text or "broken pipe" in text
+
+
+def check_extensions(names: list[str], *, backend_type: str) -> frozenset[str]:
+    unknown = sorted(set(names) - EXTENSIONS)
+    if unknown:
+        raise ConfigError(f"backend type `{backend_type}`: unknown extension(s) {', '.join(unknown)} in "
+                          f"`options.extensions` (known: {', '.join(sorted(EXTENSIONS))})")
+    return frozenset(names)

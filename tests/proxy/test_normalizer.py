@@ -1,0 +1,226 @@
+"""Upstream chunks → protocol events, and upstream errors → the gateway's typed errors, on what
+real vLLM and llama.cpp servers sent (tests/recordings)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import error_payload
+from plugins.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, SwitchyardError, UpstreamError
+from plugins.protocol import Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta, Usage
+from plugins.proxy import StreamNormalizer, error_from_body, map_upstream_error
+from plugins.sse_parser import SSEParser
+from tests.proxy.recordings import Recording, all_recordings, find, recorded
+
+ALL = all_recordings()
+STREAMS = [r for r in ALL if r.is_sse and r.status == 200 and r.path.endswith("completions")]
+
+
+def _n(rec: Recording) -> int:
+    return (rec.request or {}).get("n") or 1
+
+
+def _asked_usage(rec: Recording) -> bool:
+    req = rec.request or {}
+    return bool((req.get("stream_options") or {}).get("include_usage")) or rec.kind == "completion" and rec.engine == "llamacpp"
+
+
+def _spec(rec: Recording) -> RequestSpec:
+    return RequestSpec(request_id="t", kind=rec.kind, model="public-name", upstream_model="x",  # type: ignore[arg-type]
+                       sampling=SamplingParams(n=_n(rec)))
+
+
+def normalize(rec: Recording) -> tuple[list, StreamNormalizer]:
+    norm = StreamNormalizer(kind=rec.kind, n=_n(rec), backend="b", spec=_spec(rec))
+    parser = SSEParser()
+    events = []
+    for piece in rec.chunks:
+        for sse in parser.feed(piece):
+            events += norm.feed_data(sse.data)
+    return events, norm
+
+
+def _upstream_texts(rec: Recording) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for sse in SSEParser().feed(rec.body):
+        if sse.data == "[DONE]":
+            continue
+        for choice in json.loads(sse.data).get("choices") or ():
+            part = (choice.get("delta") or {}).get("content") if rec.kind == "chat" else choice.get("text")
+            texts[choice["index"]] = texts.get(choice["index"], "") + (part or "")
+    return texts
+
+
+@pytest.mark.parametrize("rec", [r for r in STREAMS if "error" not in r.body.decode()[:300]], ids=lambda r: r.id)
+def test_stream_normalizes(rec: Recording) -> None:
+    events, norm = normalize(rec)
+    assert norm.done
+    n = _n(rec)
+    # no empty deltas; nothing of a choice after its Finish; exactly one Finish per choice
+    finished: set[int] = set()
+    for event in events:
+        assert isinstance(event, (TextDelta, ToolCallDelta, Finish))
+        assert event.index not in finished
+        if isinstance(event, TextDelta):
+            assert event.text or event.logprobs
+        if isinstance(event, Finish):
+            finished.add(event.index)
+            assert event.reason in ("stop", "length", "tool_calls")
+    assert finished == set(range(n))
+    # the text is exactly what the upstream sent (role chunk "" / null dropped)
+    for index, text in _upstream_texts(rec).items():
+        assert "".join(e.text for e in events if isinstance(e, TextDelta) and e.index == index) == text
+    if rec.request is None:  # a raw body without its request: usage only if it came
+        asked = norm.usage is not None
+    else:
+        asked = _asked_usage(rec)
+    if asked:
+        usage = norm.finish()
+        assert isinstance(usage, Usage)
+        assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    else:
+        with pytest.raises(UpstreamError, match="no usage"):
+            norm.finish()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_length_finish_and_usage(engine: str) -> None:
+    events, norm = normalize(find(engine, "chat_stream_length"))
+    assert [e for e in events if isinstance(e, Finish)] == [Finish(reason="length")]
+    usage = norm.finish()
+    assert usage.completion_tokens == 3
+    assert usage.cached_tokens is not None  # both report it (vLLM: --enable-prompt-tokens-details)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_stop_finish(engine: str) -> None:
+    events, norm = normalize(find(engine, "chat_stream"))
+    assert events[-1] == Finish(reason="stop")
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert "Paris" in text
+    assert norm.finish().prompt_tokens == 27  # the France question with its system prompt, as transformers counts
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_repeated_prompt_reports_cached_tokens(engine: str) -> None:
+    _, first = normalize(find(engine, "chat_cached_first"))
+    _, second = normalize(find(engine, "chat_cached_second"))
+    assert second.finish().prompt_tokens >= 128
+    assert second.finish().cached_tokens > 0
+    assert first.finish().cached_tokens is not None
+
+
+def test_llamacpp_cached_tokens_equal_timings_cache_n() -> None:
+    rec = find("llamacpp", "chat_cached_second")
+    last_usage = [json.loads(e.data) for e in SSEParser().feed(rec.body) if '"usage"' in e.data][-1]
+    _, norm = normalize(rec)
+    assert norm.finish().cached_tokens == last_usage["timings"]["cache_n"]
+    # a build without prompt_tokens_details: timings.cache_n is used
+    del last_usage["usage"]["prompt_tokens_details"]
+    norm2 = StreamNormalizer(kind="chat", n=1, backend="b")
+    norm2.feed(last_usage)
+    assert norm2.usage.cached_tokens == last_usage["timings"]["cache_n"]
+
+
+def test_vllm_text_on_the_finish_chunk_comes_before_finish() -> None:
+    events, _ = normalize(find("vllm", "07c_prefix_cache_stream_usage"))
+    assert isinstance(events[-2], TextDelta) and events[-2].text == "uct"
+    assert events[-1] == Finish(reason="length")
+
+
+def test_vllm_n2_interleaved() -> None:
+    events, norm = normalize(find("vllm", "20_stream_n2"))
+    assert sorted(e.index for e in events if isinstance(e, Finish)) == [0, 1]
+    assert norm.finish().completion_tokens == 6
+
+
+def test_logprobs_are_mapped() -> None:
+    for engine in ("vllm", "llamacpp"):
+        events, _ = normalize(find(engine, "chat_stream_logprobs"))
+        deltas = [e for e in events if isinstance(e, TextDelta)]
+        assert deltas and all(d.logprobs for d in deltas), engine
+        assert all(len(lp.top_logprobs) == 2 for d in deltas for lp in d.logprobs), engine
+
+
+def test_completion_streams() -> None:
+    for engine in ("vllm", "llamacpp"):
+        events, norm = normalize(find(engine, "completion_stream"))
+        assert any(isinstance(e, TextDelta) for e in events)
+        assert isinstance(events[-1], Finish)
+        assert norm.finish().completion_tokens > 0
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def _error(rec: Recording) -> SwitchyardError:
+    return error_from_body(rec.status, rec.body, backend="b", spec=_spec(rec))
+
+
+@pytest.mark.parametrize("rec", [r for r in recorded() if r.name == "chat_prompt_too_long"]
+                         + [find("vllm", "16_prompt_too_long"), find("vllm", "16b_prompt_too_long_stream"),
+                            find("llamacpp", "10_prompt_too_long"), find("llamacpp", "10b_prompt_too_long_stream")],
+                         ids=lambda r: r.id)
+def test_prompt_too_long_is_context_length_exceeded(rec: Recording) -> None:
+    assert rec.status == 400 and not rec.is_sse  # plain JSON even when streaming
+    error = _error(rec)
+    assert isinstance(error, ContextLengthExceeded)
+    assert error.param == "messages"
+    upstream_message = json.loads(rec.body)["error"]["message"]
+    assert error.message == upstream_message
+    status, payload = error_payload(error)
+    assert status == 400 and payload.error.code == "context_length_exceeded"
+    assert payload.error.type == "invalid_request_error"
+
+
+def test_vllm_max_tokens_over_context() -> None:
+    error = _error(find("vllm", "16c_max_tokens_over_ctx"))
+    assert isinstance(error, ContextLengthExceeded) and error.param == "max_tokens"
+
+
+def test_vllm_error_inside_a_200_stream() -> None:
+    for rec in (find("vllm", "35_bad_json_schema_stream"), find("vllm", "error_bad_json_schema_stream")):
+        assert rec.status == 200 and rec.is_sse
+        with pytest.raises(InvalidRequest) as info:
+            normalize(rec)
+        assert error_payload(info.value)[0] == 400
+
+
+def test_vllm_integer_code_and_class_like_type() -> None:
+    error = _error(find("vllm", "14_temperature_negative"))
+    assert type(error) is InvalidRequest and error.param == "temperature"
+    status, payload = error_payload(error)
+    assert status == 400 and payload.error.type == "invalid_request_error" and payload.error.code is None
+    pydantic = _error(find("vllm", "13_missing_messages"))  # type "Bad Request", param "body.messages"
+    assert type(pydantic) is InvalidRequest and pydantic.param == "messages"
+    assert isinstance(_error(find("vllm", "error_unknown_model")), ModelNotFound)
+
+
+def test_llamacpp_missing_param_and_types() -> None:
+    error = _error(find("llamacpp", "18_n_2"))  # build b11434 with one slot
+    assert type(error) is InvalidRequest and error.param is None
+    assert "'n'" in error.message
+    assert type(_error(find("llamacpp", "33_bad_type_temperature"))) is InvalidRequest
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "http"),
+    [
+        (429, b'{"error":{"message":"slow down","type":"rate_limit_error","code":429}}', "rate_limited", 429),
+        (503, b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}', "unavailable", 503),
+        (500, b'{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}', "upstream_status", 500),
+        (502, b"<html>bad gateway</html>", "upstream_status", 502),
+        (401, b'{"error":"Unauthorized"}', "bad_gateway", 502),
+    ],
+)
+def test_status_kinds(status: int, body: bytes, kind: str, http: int) -> None:
+    error = error_from_body(status, body, backend="b")
+    assert isinstance(error, UpstreamError) and error.kind == kind
+    assert error_payload(error)[0] == http
+
+
+def test_message_is_kept() -> None:
+    error = map_upstream_error(500, {"error": {"message": "engine died", "type": "x"}}, backend="b")
+    assert error.message == "engine died"
