@@ -23,7 +23,7 @@ from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.responses import collect, open_stream
 from gateway.service import Gateway, Resolved
-from gateway.validation import chat_spec, check_capabilities, check_chat, check_completion, completion_spec
+from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
 from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
 
@@ -92,19 +92,16 @@ async def completions(request: Request, state: State, data: S.CompletionRequest)
 
 
 async def _serve(request: Request, gateway: Gateway, spec: RequestSpec) -> Response:
-    resolved = gateway.resolve(spec)
-    spec = msgspec.structs.replace(spec, upstream_model=resolved.target.model)
-    check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
-    headers = _headers(request, resolved.backend.name)
-    if spec.stream:
-        body = await _unless_disconnected(request, open_stream(gateway, spec, resolved))
-        if body is None:
-            return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
-        return Stream(body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
-    result = await _unless_disconnected(request, collect(gateway, spec, resolved))
-    if result is None:
+    # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
+    # the backend header names the target that actually served
+    spec = gateway.with_routing_keys(spec, request.headers)
+    served = await _unless_disconnected(request, (open_stream if spec.stream else collect)(gateway, spec))
+    if served is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
-    return Response(content=msgspec.json.encode(result), media_type="application/json", headers=headers)
+    headers = _headers(request, served.backend)
+    if spec.stream:
+        return Stream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+    return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -1,4 +1,4 @@
-"""`switchyard` command line: serve, check-config, models fetch."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report."""
 
 from __future__ import annotations
 
@@ -44,14 +44,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _validate(config: Config) -> None:
     from gateway.config import resolve_backend_options
+    from gateway.service import validate_routes
     from plugins.manager import backend_types, build_plugin_manager
 
     pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
     resolve_backend_options(config, backend_types(pm))
-    strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
-    for i, route in enumerate(config.routes):
-        if route.strategy not in strategies:
-            raise ConfigError(f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy`")
+    validate_routes(config, pm)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -71,6 +69,28 @@ def _models_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ab_report(args: argparse.Namespace) -> int:
+    from gateway.ab_report import build_report, format_report, plot_report, read_log
+
+    try:
+        records = read_log(args.log)
+    except OSError as exc:
+        print(f"switchyard: cannot read the request log {args.log}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        return 2
+    reports = build_report(records, route=args.route, baseline=args.baseline, resamples=args.resamples, seed=args.seed)
+    if not reports:
+        print(f"switchyard: no requests{f' for route {args.route!r}' if args.route else ''} in {args.log}", file=sys.stderr)
+        return 1
+    print(format_report(reports))
+    if args.plot:
+        plot_report(reports, args.plot)
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description="One OpenAI-compatible endpoint for many engines.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a plugins.toml and exit")
     check.add_argument("path", nargs="?", default=DEFAULT_CONFIG)
     check.set_defaults(func=_check_config)
+
+    report = sub.add_parser("ab-report", help="per-arm statistics of a request log, with bootstrap confidence intervals")
+    report.add_argument("--log", required=True, help="the JSONL request log ([server] request_log)")
+    report.add_argument("--route", default=None, help="only this route (default: every route in the log)")
+    report.add_argument("--baseline", default=None, help="the arm the others are compared with (default: the busiest)")
+    report.add_argument("--plot", default=None, metavar="OUT.png", help="also plot the latency distributions per arm")
+    report.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    report.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0; the report is reproducible)")
+    report.set_defaults(func=_ab_report)
 
     models = sub.add_parser("models", help="manage bundled models")
     models_sub = models.add_subparsers(dest="models_command", required=True)

@@ -34,6 +34,16 @@ class ServerConfig(_Config):
     max_n: Annotated[int, Meta(ge=1, le=128)] = 16
     system_fingerprint: str = "fp_switchyard"
     log_level: str = "info"
+    # JSONL request log for `switchyard ab-report`: one line per request; None: no log
+    request_log: str | None = None
+    log_prompts: bool = False  # also write each request's messages/prompt into the request log
+    # health probes of every backend (`backend.health()`); 0 turns the periodic probes off
+    health_interval_s: Annotated[float, Meta(ge=0.0)] = 5.0
+    health_timeout_s: Annotated[float, Meta(gt=0.0)] = 2.0
+    # circuit breaker per backend: open after this many consecutive failures (probes, or requests
+    # failing with an upstream error), half-open probe after the cool-down
+    breaker_failures: Annotated[int, Meta(ge=1)] = 3
+    breaker_cooldown_s: Annotated[float, Meta(ge=0.0)] = 15.0
 
 
 class PluginsConfig(_Config):
@@ -55,11 +65,24 @@ class TargetConfig(_Config):
     weight: Annotated[float, Meta(ge=0.0)] = 1.0
 
 
+class ShadowConfig(_Config):
+    """Mirror a share of a route's requests to another backend; its answers are discarded."""
+
+    backend: str
+    model: str | None = None  # default: the route's name
+    fraction: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
+    max_concurrent: Annotated[int, Meta(ge=1)] = 64  # shadow requests in flight; more are skipped
+
+
 class RouteConfig(_Config):
     name: str
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
     strategy: str = "weighted"
     options: dict[str, Any] = {}
+    # targets one request may try before its error goes to the client (only failures before the
+    # first token are retried); default: every target for `fallback`, 1 for the other strategies
+    max_attempts: Annotated[int, Meta(ge=1)] | None = None
+    shadow: ShadowConfig | None = None
 
 
 class Config(_Config):
@@ -144,6 +167,11 @@ def _check_names(config: Config, source: str) -> None:
                     f"{source}: route {route.name!r} targets unknown backend {target.backend!r} "
                     f"at `routes[{i}].targets[{j}].backend`"
                 )
+        if route.shadow is not None and route.shadow.backend not in seen:
+            raise ConfigError(
+                f"{source}: route {route.name!r} shadows to unknown backend {route.shadow.backend!r} "
+                f"at `routes[{i}].shadow.backend`"
+            )
 
 
 def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:

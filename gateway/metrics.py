@@ -1,33 +1,117 @@
-"""Prometheus metrics, one registry per app (so several apps in one process do not clash)."""
+"""Prometheus metrics, one registry per app (so several apps in one process do not clash).
+
+Per-arm series are labelled by `route` and `backend`. Shadow copies of requests (a route's
+`shadow` table) are counted in their own `switchyard_shadow_*` families, so mirrored traffic
+never mixes into the arms' numbers. `Metrics.arm(route, backend)` resolves an arm's label
+children once and caches them: the request path does no label lookups of its own.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+LABELS = ("route", "backend")
+
+
+class ArmFamilies:
+    """The metric families of one kind of traffic (the arms', or the shadows')."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str, what: str) -> None:
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(f"{prefix}_{name}", f"{doc} ({what})", LABELS, buckets=LATENCY_BUCKETS, registry=registry)
+
+        self.requests = Counter(f"{prefix}_requests", f"Requests finished, by outcome ({what}).", (*LABELS, "outcome"), registry=registry)
+        self.request_errors = Counter(
+            f"{prefix}_request_errors",
+            f"Failed requests by error (upstream kinds such as timeout, bad_gateway; or the error class) ({what}).",
+            (*LABELS, "error"),
+            registry=registry,
+        )
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token")
+        self.itl = hist("inter_token_latency_seconds", "Time between token events")
+        self.e2e = hist("request_duration_seconds", "End-to-end request time")
+        self.tokens = Counter(
+            f"{prefix}_tokens", f"Tokens processed, by kind (prompt, completion, cached) ({what}).", (*LABELS, "kind"), registry=registry
+        )
+
+
+class ArmMetrics:
+    """The label children of one (route, backend) pair, resolved once."""
+
+    __slots__ = ("families", "labels", "in_flight", "ttft", "itl", "e2e", "prompt", "completion", "cached", "_outcomes", "_errors")
+
+    def __init__(self, families: ArmFamilies, route: str, backend: str, in_flight: Gauge | None) -> None:
+        self.families = families
+        self.labels = (route, backend)
+        self.in_flight = None if in_flight is None else in_flight.labels(route, backend)
+        self.ttft = families.ttft.labels(route, backend)
+        self.itl = families.itl.labels(route, backend)
+        self.e2e = families.e2e.labels(route, backend)
+        self.prompt = families.tokens.labels(route, backend, "prompt")
+        self.completion = families.tokens.labels(route, backend, "completion")
+        self.cached = families.tokens.labels(route, backend, "cached")
+        self._outcomes: dict[str, Counter] = {}
+        self._errors: dict[str, Counter] = {}
+
+    def finished(self, outcome: str) -> None:
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.families.requests.labels(*self.labels, outcome)
+        child.inc()
+
+    def failed(self, error: str) -> None:
+        child = self._errors.get(error)
+        if child is None:
+            child = self._errors[error] = self.families.request_errors.labels(*self.labels, error)
+        child.inc()
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = ("route", "backend")
-        self.requests = Counter(
-            "switchyard_requests", "Requests finished, by outcome.", (*labels, "outcome"), registry=self.registry
+        r = self.registry
+        self.primary = ArmFamilies(r, "switchyard", "client traffic")
+        self.shadow = ArmFamilies(r, "switchyard_shadow", "shadow copies")
+        # the primary families under their historical names
+        self.requests = self.primary.requests
+        self.ttft = self.primary.ttft
+        self.itl = self.primary.itl
+        self.e2e = self.primary.e2e
+        self.tokens = self.primary.tokens
+        self.in_flight = Gauge("switchyard_requests_in_flight", "Requests in flight.", LABELS, registry=r)
+        self.errors = Counter("switchyard_errors", "Errors answered, by type.", ("type",), registry=r)
+        self.attempts = Counter(
+            "switchyard_route_attempts",
+            "Attempts to serve a request on a route's target, by outcome: ok (served), an upstream error kind "
+            "(failed before the first token), or unsupported (the backend cannot do the request).",
+            (*LABELS, "outcome"),
+            registry=r,
         )
-        self.in_flight = Gauge("switchyard_requests_in_flight", "Requests in flight.", labels, registry=self.registry)
-        self.ttft = Histogram(
-            "switchyard_time_to_first_token_seconds", "Time to first token.", labels, buckets=LATENCY_BUCKETS, registry=self.registry
+        self.shadow_skipped = Counter(
+            "switchyard_shadow_skipped",
+            "Shadow copies not sent, by reason (max_concurrent, circuit_open).",
+            ("route", "backend", "reason"),
+            registry=r,
         )
-        self.itl = Histogram(
-            "switchyard_inter_token_latency_seconds", "Time between token events.", labels, buckets=LATENCY_BUCKETS, registry=self.registry
+        self.circuit_state = Gauge(
+            "switchyard_backend_circuit_state", "Circuit breaker per backend: 0 closed, 1 half-open, 2 open.", ("backend",), registry=r
         )
-        self.e2e = Histogram(
-            "switchyard_request_duration_seconds", "End-to-end request time.", labels, buckets=LATENCY_BUCKETS, registry=self.registry
+        self.backend_healthy = Gauge(
+            "switchyard_backend_healthy", "The last health probe of each backend: 1 passed, 0 failed.", ("backend",), registry=r
         )
-        self.tokens = Counter(
-            "switchyard_tokens", "Tokens processed, by kind (prompt, completion, cached).", (*labels, "kind"), registry=self.registry
+        self.request_log_dropped = Counter(
+            "switchyard_request_log_dropped", "Request log lines dropped because the writer fell behind.", registry=r
         )
-        self.errors = Counter("switchyard_errors", "Errors answered, by type.", ("type",), registry=self.registry)
+        self._arms: dict[tuple[str, str, bool], ArmMetrics] = {}
+
+    def arm(self, route: str, backend: str, *, shadow: bool = False) -> ArmMetrics:
+        key = (route, backend, shadow)
+        arm = self._arms.get(key)
+        if arm is None:
+            families, gauge = (self.shadow, None) if shadow else (self.primary, self.in_flight)
+            arm = self._arms[key] = ArmMetrics(families, route, backend, gauge)
+        return arm
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,16 +6,32 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import msgspec
 
 from gateway import schemas as S
 from gateway.errors import error_payload
-from gateway.service import EventPump, Gateway, Resolved, RequestTimer, check_usage, is_token_event, outcome_of
+from gateway.metrics import ArmMetrics
+from gateway.request_log import Attempt
+from gateway.service import (
+    EventPump,
+    Gateway,
+    RequestTimer,
+    Resolved,
+    RoutePlan,
+    check_usage,
+    error_label,
+    is_token_event,
+    outcome_of,
+    retry_kind,
+)
 from gateway.sse import DONE, ChunkEncoder, chat_logprobs_json, error_event
+from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, Finish, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta, Usage
+from plugins.registry import Target
 
 
 def response_id(spec: RequestSpec) -> str:
@@ -24,63 +40,156 @@ def response_id(spec: RequestSpec) -> str:
 
 
 @dataclass
+class Served:
+    """What the app sends: the body (an SSE byte iterator, or the response object) and the
+    backend that served it (`x-switchyard-backend`)."""
+
+    body: Any
+    backend: str
+
+
+@dataclass
 class Observed:
-    """Bookkeeping shared by both response kinds: hooks, metrics, the timer."""
+    """One client request across its attempts: picking targets (fallback), the hooks, the
+    in-flight counts, and — once, at the end — metrics, breaker and request log."""
 
     gateway: Gateway
-    spec: RequestSpec
-    resolved: Resolved
+    spec: RequestSpec  # as the client sent it; each attempt gets a copy with its upstream model
+    plan: RoutePlan
     timer: RequestTimer = field(default_factory=RequestTimer)
+    resolved: Resolved | None = None
+    attempt_spec: RequestSpec | None = None
     usage: Usage | None = None
+    tried: list[Target] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    last_error: BaseException | None = None
 
-    def begin(self) -> None:
-        self.gateway.pm.hook.switchyard_on_request(spec=self.spec, backend=self.resolved.backend)
-        self.gateway.metrics.in_flight.labels(self.resolved.route.name, self.resolved.backend.name).inc()
+    def next_attempt(self) -> Resolved | None:
+        """Pick the next target and start an attempt on it (hook, in-flight counts). None when
+        the route has no target left to try; then `last_error` is the answer."""
+        gateway, plan = self.gateway, self.plan
+        while len(self.tried) < plan.max_attempts:
+            resolved = gateway.pick(self.spec, plan, self.tried)
+            if resolved is None:
+                return None
+            spec = msgspec.structs.replace(self.spec, upstream_model=resolved.target.model)
+            self.tried.append(resolved.target)
+            try:
+                check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
+            except SwitchyardError:
+                if len(self.tried) == 1:
+                    raise  # the route's first choice cannot do it: the client's 400
+                gateway.metrics.attempts.labels(plan.route.name, resolved.target.backend, "unsupported").inc()
+                self.attempts.append(Attempt(backend=resolved.target.backend, outcome="unsupported"))
+                continue
+            gateway.pm.hook.switchyard_on_request(spec=spec, backend=resolved.backend)
+            if len(self.tried) == 1:
+                gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
+            self.resolved, self.attempt_spec = resolved, spec
+            backend = resolved.backend.name
+            gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
+            self.arm.in_flight.inc()  # type: ignore[union-attr]
+            return resolved
+        return None
 
-    def end(self, error: BaseException | None) -> None:
-        labels = (self.resolved.route.name, self.resolved.backend.name)
-        m = self.gateway.metrics
-        m.in_flight.labels(*labels).dec()
-        outcome = outcome_of(error)
-        m.requests.labels(*labels, outcome).inc()
-        timings = self.timer.as_dict()
-        m.e2e.labels(*labels).observe(timings["e2e"])
-        if timings["ttft"] is not None:
-            m.ttft.labels(*labels).observe(timings["ttft"])
-        itl = m.itl.labels(*labels)
-        for gap in timings["itl"]:
-            itl.observe(gap)
-        if self.usage is not None:
-            m.tokens.labels(*labels, "prompt").inc(self.usage.prompt_tokens)
-            m.tokens.labels(*labels, "completion").inc(self.usage.completion_tokens)
-            if self.usage.cached_tokens:
-                m.tokens.labels(*labels, "cached").inc(self.usage.cached_tokens)
+    @property
+    def arm(self) -> ArmMetrics:
+        assert self.resolved is not None
+        return self.gateway.metrics.arm(self.plan.route.name, self.resolved.backend.name)
+
+    def _leave(self) -> None:
+        backend = self.resolved.backend.name  # type: ignore[union-attr]
+        self.gateway.in_flight[backend] -= 1
+        self.arm.in_flight.dec()  # type: ignore[union-attr]
+
+    def may_retry(self, error: BaseException) -> bool:
+        """After a failure before the first token: whether another target may be tried (the
+        attempt is then closed and counted)."""
+        if retry_kind(error) is None or len(self.tried) >= min(self.plan.max_attempts, len(self.plan.route.targets)):
+            return False
+        assert self.resolved is not None
+        self._leave()
+        outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
+        self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
+        self.last_error = error
+        return True
+
+    def committed(self) -> None:
+        """The attempt produced its first events: it serves the request, whatever follows."""
+        assert self.resolved is not None
+        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "ok").inc()
+        self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome="ok"))
+
+    def end(self, error: BaseException | None, *, first_token: bool = True) -> None:
+        """The request is over: served, failed or cancelled. `first_token` False: its last
+        attempt failed before any event and is counted here."""
+        resolved = self.resolved
+        assert resolved is not None and self.attempt_spec is not None
+        self._leave()
+        if not first_token and error is not None:
+            kind = "cancelled" if outcome_of(error) == "cancelled" else (retry_kind(error) or error_label(error))
+            self.gateway.metrics.attempts.labels(self.plan.route.name, resolved.backend.name, kind).inc()
+            self.attempts.append(Attempt(backend=resolved.backend.name, outcome=kind))
+        self._record(error)
+
+    def give_up(self) -> BaseException:
+        """No target is left after failed attempts (all tried, or the rest open or unable):
+        the request fails with the last attempt's error, recorded against the last backend."""
+        error = self.last_error or UpstreamError(
+            f"No backend of `{self.plan.route.name}` could serve the request.", kind="unavailable"
+        )
+        if self.resolved is not None:
+            self._record(error)
+        return error
+
+    def _record(self, error: BaseException | None) -> None:
+        resolved, spec = self.resolved, self.attempt_spec
+        assert resolved is not None and spec is not None
+        outcome, timings = self.gateway.record(
+            plan=self.plan,
+            target=resolved.target,
+            spec=spec,
+            arm=self.arm,
+            timer=self.timer,
+            usage=self.usage,
+            error=error,
+            attempts=self.attempts,
+        )
         self.gateway.pm.hook.switchyard_on_response(
-            spec=self.spec, backend=self.resolved.backend, usage=self.usage, outcome=outcome, timings=timings
+            spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings
         )
 
 
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec, resolved: Resolved) -> AsyncIterator[bytes]:
-    """Start the backend and wait for its first events, so that a failure before any token
-    (context too long, upstream down) is still answered with a real HTTP status. Returns the
-    SSE body iterator."""
-    observed = Observed(gateway, spec, resolved)
-    observed.begin()
-    pump = EventPump(resolved.backend.generate(spec))
-    try:
-        first = await pump.next_batch()
-    except BaseException as exc:
-        await pump.close()
-        observed.end(exc)
-        raise
-    return _sse_body(observed, pump, first)
+async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
+    """Start a backend and wait for its first events, so that a failure before any token
+    (context too long, upstream down) is still answered with a real HTTP status — and, on a
+    route that allows more attempts, tried on the next target instead. Nothing has gone to
+    the client before this returns; after it, nothing is retried. Returns the SSE body."""
+    plan = gateway.plan(spec.model)
+    observed = Observed(gateway, spec, plan)
+    while True:
+        resolved = observed.next_attempt()
+        if resolved is None:
+            raise observed.give_up()
+        pump = EventPump(resolved.backend.generate(observed.attempt_spec))  # type: ignore[arg-type]
+        try:
+            first = await pump.next_batch()
+        except BaseException as exc:
+            await pump.close()
+            if observed.may_retry(exc):
+                continue
+            observed.end(exc, first_token=False)
+            raise
+        observed.committed()
+        return Served(body=_sse_body(observed, pump, first), backend=resolved.backend.name)
 
 
 async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | None) -> AsyncIterator[bytes]:
     spec = observed.spec
+    backend = observed.resolved.backend.name  # type: ignore[union-attr]
     encoder = ChunkEncoder(
         id=response_id(spec),
         created=int(time.time()),
@@ -102,8 +211,8 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
                 yield out
             out = b""
             batch = await pump.next_batch()
-        observed.usage = check_usage(state.usage, observed.resolved.backend.name)
-        state.check_complete(observed.resolved.backend.name)
+        observed.usage = check_usage(state.usage, backend)
+        state.check_complete(backend)
         yield state.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
@@ -200,27 +309,42 @@ class _Choice:
     finish_reason: str | None = None
 
 
-async def collect(gateway: Gateway, spec: RequestSpec, resolved: Resolved) -> S.ChatCompletion | S.Completion:
-    observed = Observed(gateway, spec, resolved)
-    observed.begin()
-    choices = [_Choice() for _ in range(spec.sampling.n)]
-    events = resolved.backend.generate(spec)
-    error: BaseException | None = None
-    try:
-        async for event in events:
-            _collect_event(choices, event, observed)
-        observed.usage = check_usage(observed.usage, resolved.backend.name)
-        for i, choice in enumerate(choices):
-            if choice.finish_reason is None:
-                raise UpstreamError(f"Backend `{resolved.backend.name}` ended without finishing choice {i}.", kind="bad_gateway")
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await events.aclose()  # type: ignore[attr-defined]
-        observed.end(error)
-    return _build_response(gateway, spec, choices, observed.usage)
+async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
+    """Run the request to its end and build the response object. A failure before the
+    backend's first event is tried on the next target when the route allows more attempts."""
+    plan = gateway.plan(spec.model)
+    observed = Observed(gateway, spec, plan)
+    while True:
+        resolved = observed.next_attempt()
+        if resolved is None:
+            raise observed.give_up()
+        backend = resolved.backend.name
+        choices = [_Choice() for _ in range(spec.sampling.n)]
+        events = resolved.backend.generate(observed.attempt_spec)  # type: ignore[arg-type]
+        error: BaseException | None = None
+        started = False
+        try:
+            async for event in events:
+                if not started:
+                    started = True
+                    observed.committed()
+                _collect_event(choices, event, observed)
+            observed.usage = check_usage(observed.usage, backend)
+            for i, choice in enumerate(choices):
+                if choice.finish_reason is None:
+                    raise UpstreamError(f"Backend `{backend}` ended without finishing choice {i}.", kind="bad_gateway")
+        except BaseException as exc:
+            error = exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()  # type: ignore[attr-defined]
+        if error is None:
+            observed.end(None)
+            return Served(body=_build_response(gateway, spec, choices, observed.usage), backend=backend)  # type: ignore[arg-type]
+        if not started and observed.may_retry(error):
+            continue
+        observed.end(error, first_token=started)
+        raise error
 
 
 def _collect_event(choices: list[_Choice], event: Event, observed: Observed) -> None:

@@ -1,5 +1,6 @@
 """The gateway's state and its request path, free of HTTP: the backends, the routes and the
-plugin manager; resolving a model name to a backend; running a request into events.
+plugin manager; picking a route's target (routing hook, circuit breakers, fallback); shadow
+copies; recording a finished request (metrics, breakers, the request log).
 
 Owned by the app's lifespan (`app.state.gateway`), started once and closed in `finally`.
 """
@@ -7,22 +8,35 @@ Owned by the app's lifespan (`app.state.gateway`), started once and closed in `f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+import msgspec
 import pluggy
 
-from gateway.config import Config, resolve_backend_options
-from gateway.metrics import Metrics
-from plugins.errors import ConfigError, ModelNotFound, SwitchyardError, UpstreamError
+from gateway.config import Config, ShadowConfig, resolve_backend_options
+from gateway.metrics import ArmMetrics, Metrics
+from gateway.request_log import Attempt, RequestLog, RequestRecord
+from gateway.validation import check_capabilities
+from plugins import routing
+from plugins.errors import ConfigError, ModelNotFound, Overloaded, SwitchyardError, UpstreamError
+from plugins.health import HealthMonitor
 from plugins.manager import backend_types, build_plugin_manager
 from plugins.protocol import Backend, Event, ModelInfo, RequestSpec, TextDelta, Usage
 from plugins.registry import Route, Target
 
 log = logging.getLogger("switchyard.gateway")
+
+# Upstream failures that say the backend is unwell: they count towards its circuit breaker.
+# (429 and a full queue say "busy", not "broken": they are retried on a fallback route but do
+# not open the breaker.)
+BREAKER_KINDS = frozenset({"bad_gateway", "timeout", "unavailable", "upstream_status"})
 
 
 @dataclass
@@ -32,6 +46,87 @@ class Resolved:
     backend: Backend
 
 
+@dataclass(frozen=True)
+class RoutePlan:
+    """What the gateway needs per route besides the `Route` the plugins see, built once."""
+
+    route: Route
+    max_attempts: int = 1
+    shadow: ShadowConfig | None = None
+    shadow_model: str = ""
+    key_headers: tuple[str, ...] = ()  # client headers copied into spec.headers (lower case)
+    key_api_key: bool = False  # hash the client's API key into spec.headers
+    arms: Mapping[Target, str] = field(default_factory=dict)  # the request log's arm label per target
+
+    @classmethod
+    def build(cls, route: Route, max_attempts: int | None = None, shadow: ShadowConfig | None = None) -> RoutePlan:
+        backends = [t.backend for t in route.targets]
+        unique = len(set(backends)) == len(backends)
+        arms = {t: t.backend if unique else f"{t.backend}/{t.model}" for t in route.targets}
+        headers: tuple[str, ...] = ()
+        api_key = False
+        if route.strategy == "sticky":
+            sources = routing.sticky_sources(route)
+            headers = tuple(s[len("header:") :].lower() for s in sources if s.startswith("header:"))
+            api_key = "api_key" in sources
+        if max_attempts is None:
+            max_attempts = len(route.targets) if route.strategy == "fallback" else 1
+        return cls(
+            route=route,
+            max_attempts=max_attempts,
+            shadow=shadow,
+            shadow_model=(shadow.model or route.name) if shadow else "",
+            key_headers=headers,
+            key_api_key=api_key,
+            arms=arms,
+        )
+
+    def arm(self, target: Target) -> str:
+        return self.arms.get(target) or target.backend
+
+
+def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
+    """Every route names a strategy some plugin provides; the built-in strategies' options decode."""
+    strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
+    builtin_routing = pm.get_plugin("routing") is routing
+    for i, (route, resolved) in enumerate(zip(config.routes, config.routes_resolved())):
+        if route.strategy not in strategies:
+            raise ConfigError(
+                f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy` "
+                f"(known: {', '.join(sorted(strategies))})"
+            )
+        if builtin_routing and route.strategy in routing.STRATEGY_OPTIONS:
+            try:
+                routing.check_options(resolved, f"routes[{i}]")
+            except ConfigError as exc:
+                raise ConfigError(f"{config.source}: {exc.message}", param=exc.param) from None
+
+
+def retry_kind(error: BaseException) -> str | None:
+    """The error's kind when another target may be tried after it (connection error, timeout
+    before the first byte, 5xx, 429, a full queue); None when it is the request's own fault."""
+    if isinstance(error, Overloaded):
+        return "overloaded"
+    if isinstance(error, UpstreamError):
+        if error.kind == "upstream_status" and (error.upstream_status or 500) < 500:
+            return None
+        return error.kind
+    return None
+
+
+def error_label(error: BaseException) -> str:
+    """A short, bounded label for an error: the upstream kind, or the error class in snake case."""
+    if isinstance(error, UpstreamError):
+        return error.kind
+    if isinstance(error, SwitchyardError):
+        return error.code or _snake(type(error).__name__)
+    return "internal"
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
 @dataclass
 class Gateway:
     config: Config
@@ -39,26 +134,52 @@ class Gateway:
     backends: dict[str, Backend]
     metrics: Metrics = field(default_factory=Metrics)
     routes: dict[str, Route] = field(default_factory=dict)
+    plans: dict[str, RoutePlan] = field(default_factory=dict)
     model_infos: dict[str, ModelInfo] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    in_flight: dict[str, int] = field(default_factory=dict)  # per backend, for `least_busy`
+    health: HealthMonitor = field(init=False)
+    request_log: RequestLog | None = field(init=False, default=None)
+    _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
+
+    def __post_init__(self) -> None:
+        self._in_flight_view = MappingProxyType(self.in_flight)
+        server = self.config.server
+        self.health = HealthMonitor(
+            self.backends,
+            interval_s=server.health_interval_s,
+            timeout_s=server.health_timeout_s,
+            failures=server.breaker_failures,
+            cooldown_s=server.breaker_cooldown_s,
+            on_change=lambda name, state: self.metrics.circuit_state.labels(name).set(int(state)),
+            on_probe=lambda name, ok: self.metrics.backend_healthy.labels(name).set(1 if ok else 0),
+        )
+        for name in self.backends:
+            self.in_flight.setdefault(name, 0)
+            self.metrics.circuit_state.labels(name).set(0)
+        if server.request_log:
+            self.request_log = RequestLog(server.request_log, on_drop=self.metrics.request_log_dropped.inc)
+        by_name = {r.name: r for r in self.config.routes}
+        for name, route in self.routes.items():
+            cfg = by_name.get(name)
+            self.plans[name] = RoutePlan.build(route, cfg.max_attempts if cfg else None, cfg.shadow if cfg else None)
 
     @classmethod
     def from_config(cls, config: Config) -> Gateway:
         pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
         types = backend_types(pm)
         backends = {cfg.name: btype.create(cfg.name, options) for cfg, btype, options in resolve_backend_options(config, types)}
-        strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
-        for i, route in enumerate(config.routes):
-            if route.strategy not in strategies:
-                raise ConfigError(
-                    f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy` "
-                    f"(known: {', '.join(sorted(strategies))})"
-                )
+        validate_routes(config, pm)
         return cls(config=config, pm=pm, backends=backends, routes={r.name: r for r in config.routes_resolved()})
 
     async def start(self) -> None:
         await asyncio.gather(*(backend.start() for backend in self.backends.values()))
         await self.refresh_models()
+        await self.health.probe_all()  # so /ready and the breakers are right from the first request
+        self.health.start()
+        if self.request_log is not None:
+            await self.request_log.start()
 
     async def refresh_models(self) -> None:
         """Every backend model not named by a route is served under its own id."""
@@ -66,13 +187,22 @@ class Gateway:
             for info in await backend.models():
                 self.model_infos[f"{name}/{info.id}"] = info
                 if info.id not in self.routes:
-                    self.routes[info.id] = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
+                    route = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
+                    self.routes[info.id] = route
+                    self.plans[info.id] = RoutePlan.build(route)
 
     async def close(self) -> None:
+        await self.health.close()
+        shadows = list(self._shadows)
+        for task in shadows:
+            task.cancel()
+        await asyncio.gather(*shadows, return_exceptions=True)
         results = await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("closing a backend failed: %r", result)
+        if self.request_log is not None:
+            await self.request_log.close()
 
     def model_card(self, name: str) -> tuple[Route, int | None]:
         route = self.routes.get(name)
@@ -82,18 +212,195 @@ class Gateway:
         known = [info.max_model_len for info in lens if info is not None and info.max_model_len]
         return route, min(known) if known else None
 
-    def resolve(self, spec: RequestSpec) -> Resolved:
-        route = self.routes.get(spec.model)
-        if route is None:
-            raise ModelNotFound(spec.model)
-        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=list(route.targets))
+    # -- routing -----------------------------------------------------------------------------
+
+    def plan(self, model: str) -> RoutePlan:
+        plan = self.plans.get(model)
+        if plan is None:
+            route = self.routes.get(model)
+            if route is None:
+                raise ModelNotFound(model)
+            plan = self.plans[model] = RoutePlan.build(route)
+        return plan
+
+    def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
+        """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
+        copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
+        keys on `api_key`. Credentials themselves are never copied."""
+        plan = self.plans.get(spec.model)
+        if plan is None or not (plan.key_headers or plan.key_api_key):
+            return spec
+        copied: dict[str, str] = {}
+        for name in plan.key_headers:
+            value = headers.get(name)
+            if value:
+                copied[name] = value
+        if plan.key_api_key:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            token = token.strip()
+            if scheme.lower() == "bearer" and token:
+                copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()
+        return msgspec.structs.replace(spec, headers=copied) if copied else spec
+
+    def pick(self, spec: RequestSpec, plan: RoutePlan, tried: list[Target] | None = None) -> Resolved | None:
+        """The target the routing hook picks among the route's targets whose breakers are not
+        open, less those already `tried`. None when no target is left after a failed attempt;
+        503 when every backend of the route is open."""
+        route = plan.route
+        health = self.health
+        candidates = [t for t in route.targets if health.can_route(t.backend) and (not tried or t not in tried)]
+        if not candidates:
+            if tried:
+                return None
+            raise UpstreamError(
+                f"No backend of `{route.name}` is available: every circuit breaker is open.", kind="unavailable", code="no_healthy_backend"
+            )
+        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=candidates, in_flight=self._in_flight_view)
         if target is None:
-            raise UpstreamError(f"No backend is available for model `{spec.model}`.", kind="unavailable")
+            raise UpstreamError(f"No routing plugin picked a backend for model `{spec.model}`.", kind="unavailable")
         return Resolved(route=route, target=target, backend=self.backends[target.backend])
 
+    def resolve(self, spec: RequestSpec) -> Resolved:
+        """The first pick for `spec` (the token endpoints; requests go through `pick`)."""
+        resolved = self.pick(spec, self.plan(spec.model))
+        assert resolved is not None
+        return resolved
+
     async def ready(self) -> bool:
-        results = await asyncio.gather(*(b.health() for b in self.backends.values()), return_exceptions=True)
-        return any(r is True for r in results)
+        """Ready when some backend passed its last probe and its breaker is not open. Without
+        periodic probes (`health_interval_s = 0`) each call probes every backend."""
+        if not self.health.running:
+            await self.health.probe_all()
+        return self.health.ready()
+
+    # -- after a request -------------------------------------------------------------------
+
+    def record(
+        self,
+        *,
+        plan: RoutePlan,
+        target: Target,
+        spec: RequestSpec,
+        arm: ArmMetrics,
+        timer: RequestTimer,
+        usage: Usage | None,
+        error: BaseException | None,
+        attempts: list[Attempt],
+        shadow: bool = False,
+    ) -> tuple[str, dict[str, Any]]:
+        """Metrics, the backend's breaker and the request log for one finished request (or
+        shadow copy). Returns the outcome and the timings (for the `on_response` hook)."""
+        outcome = outcome_of(error)
+        arm.finished(outcome)
+        timings = timer.as_dict()
+        arm.e2e.observe(timings["e2e"])
+        if timings["ttft"] is not None:
+            arm.ttft.observe(timings["ttft"])
+        for gap in timings["itl"]:
+            arm.itl.observe(gap)
+        if usage is not None:
+            arm.prompt.inc(usage.prompt_tokens)
+            arm.completion.inc(usage.completion_tokens)
+            if usage.cached_tokens:
+                arm.cached.inc(usage.cached_tokens)
+        label = None
+        if error is not None and outcome != "cancelled":
+            label = error_label(error)
+            arm.failed(label)
+            if retry_kind(error) in BREAKER_KINDS:
+                self.health.request_failed(target.backend)
+        elif error is None:
+            self.health.request_succeeded(target.backend)
+        if self.request_log is not None:
+            self.request_log.add(
+                RequestRecord(
+                    ts=timer.wall_start,
+                    request_id=spec.request_id,
+                    route=plan.route.name,
+                    arm=plan.arm(target),
+                    backend=target.backend,
+                    model=spec.upstream_model,
+                    shadow=shadow,
+                    kind=spec.kind,
+                    stream=spec.stream,
+                    outcome=outcome,
+                    error=label,
+                    ttft=timings["ttft"],
+                    e2e=timings["e2e"],
+                    itl=timings["itl"],
+                    prompt_tokens=None if usage is None else usage.prompt_tokens,
+                    completion_tokens=None if usage is None else usage.completion_tokens,
+                    cached_tokens=None if usage is None else usage.cached_tokens,
+                    attempts=attempts,
+                    prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
+                )
+            )
+        return outcome, timings
+
+    def record_failed_attempt(self, plan: RoutePlan, target: Target, error: BaseException) -> str:
+        """A target failed before its first token and the request moves on: count it, feed the
+        backend's breaker, log it. Returns the attempt's outcome label."""
+        kind = retry_kind(error) or error_label(error)
+        self.metrics.attempts.labels(plan.route.name, target.backend, kind).inc()
+        if kind in BREAKER_KINDS:
+            self.health.request_failed(target.backend)
+        log.warning("route %s: backend %s failed before the first token (%s: %s); trying the next target",
+                    plan.route.name, target.backend, kind, getattr(error, "message", error))
+        return kind
+
+    # -- shadow copies -----------------------------------------------------------------------
+
+    def fork_shadow(self, spec: RequestSpec, plan: RoutePlan) -> None:
+        """Mirror `spec` to the route's shadow backend for `shadow.fraction` of requests, as a
+        task of its own: its output is discarded, its failures never reach the client, and the
+        client's request does not wait for it."""
+        shadow = plan.shadow
+        if shadow is None or (shadow.fraction < 1.0 and random.random() >= shadow.fraction):
+            return
+        route = plan.route.name
+        if len(self._shadows) >= shadow.max_concurrent:
+            self.metrics.shadow_skipped.labels(route, shadow.backend, "max_concurrent").inc()
+            return
+        if not self.health.can_route(shadow.backend):
+            self.metrics.shadow_skipped.labels(route, shadow.backend, "circuit_open").inc()
+            return
+        backend = self.backends[shadow.backend]
+        copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
+        try:
+            check_capabilities(copy, backend.capabilities(), backend.name)
+        except SwitchyardError:
+            self.metrics.shadow_skipped.labels(route, shadow.backend, "unsupported").inc()
+            return
+        target = Target(backend=shadow.backend, model=plan.shadow_model)
+        task = asyncio.get_running_loop().create_task(self._run_shadow(copy, plan, target, backend))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _run_shadow(self, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend) -> None:
+        timer = RequestTimer()
+        usage: Usage | None = None
+        error: BaseException | None = None
+        self.in_flight[backend.name] = self.in_flight.get(backend.name, 0) + 1
+        events = backend.generate(spec)
+        try:
+            async for event in events:
+                if isinstance(event, Usage):
+                    usage = event
+                elif is_token_event(event):
+                    timer.mark_tokens()
+        except BaseException as exc:  # recorded below; a shadow's failure goes nowhere else
+            error = exc
+        finally:
+            self.in_flight[backend.name] -= 1
+            try:
+                await events.aclose()  # type: ignore[attr-defined]
+            except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise
+                pass
+            arm = self.metrics.arm(plan.route.name, target.backend, shadow=True)
+            attempts = [Attempt(backend=target.backend, outcome="ok" if error is None else error_label(error))]
+            self.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True)
+        if isinstance(error, asyncio.CancelledError):
+            raise error
 
 
 class EventPump:
@@ -158,6 +465,7 @@ class RequestTimer:
     """Wall-clock marks of one request, for metrics and the `on_response` hook."""
 
     start: float = field(default_factory=time.perf_counter)
+    wall_start: float = field(default_factory=time.time)
     first_token: float | None = None
     last_token: float | None = None
     itl: list[float] = field(default_factory=list)

@@ -6,6 +6,7 @@ and when. Implementations are marked with `plugins.hookimpl`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -38,12 +39,20 @@ def switchyard_route_strategies() -> list[str]:
 
 
 @hookspec(firstresult=True)
-def switchyard_route(spec: RequestSpec, route: Route, candidates: list[Target]) -> Target | None:
+def switchyard_route(
+    spec: RequestSpec, route: Route, candidates: list[Target], in_flight: Mapping[str, int]
+) -> Target | None:
     """Pick the target that serves `spec` on `route`.
 
-    Called by the gateway for every request whose model name is a route, with `candidates` the
-    route's targets whose backends are not known to be down (never empty). The first non-None
-    result wins; a strategy plugin returns None for routes whose `strategy` is not its own.
+    Called by the gateway on the event loop for every request whose model name is a route (must
+    not block), with `candidates` the route's targets, in the route's order, whose backends'
+    circuit breakers are not open (never empty). When a target fails before its first token
+    and the route allows more attempts (`max_attempts`; `fallback` routes try every target),
+    the gateway calls the hook again for the same request with the targets already tried left
+    out. `in_flight` maps each backend name to the requests the gateway has in flight there
+    (read-only; strategies such as `least_busy` use it). `spec.headers` holds the client headers
+    a route's options name as routing keys (never credentials). The first non-None result
+    wins; a strategy plugin returns None for routes whose `strategy` is not its own.
     """
 
 
@@ -51,7 +60,8 @@ def switchyard_route(spec: RequestSpec, route: Route, candidates: list[Target]) 
 def switchyard_on_request(spec: RequestSpec, backend: Backend) -> None:
     """Observe a request about to be sent to `backend` (metrics, logs, A/B bookkeeping).
 
-    Called on the event loop right before `backend.generate(spec)`; must not block. Raising a
+    Called on the event loop right before `backend.generate(spec)` — once per attempt when a
+    fallback tries several backends, never for shadow copies; must not block. Raising a
     `plugins.errors.SwitchyardError` rejects the request with that error.
     """
 
@@ -63,7 +73,8 @@ def switchyard_on_response(
     """Observe a finished request.
 
     Called once per request after its last byte (or its failure or cancellation) with
-    `outcome` one of "ok", "error:<ErrorClass>" or "cancelled", the backend's normalized `usage`
-    (None when none arrived) and `timings` in seconds (`ttft`, `e2e`, and `itl` as a list).
-    Must not block.
+    `backend` the one that served it (after a fallback: the last one tried), `outcome` one of
+    "ok", "error:<ErrorClass>" or "cancelled", the backend's normalized `usage` (None when none
+    arrived) and `timings` in seconds (`ttft`, `e2e`, and `itl` as a list), measured from the
+    request's arrival. Not called for shadow copies of a request. Must not block.
     """

@@ -2,7 +2,9 @@
 
 It "generates" by echoing the last message's words back, one word per token, so every test can
 predict the exact text, token counts and finish reasons. Magic prompts make it fail on purpose:
-`FAIL:<kind>` before the first token, `FAILMID:<n>` after n tokens.
+`FAIL:<kind>` before the first token, `FAILMID:<n>` after n tokens. The options `fail` and
+`fail_after` do the same for every request, and `answer_prefix` puts a word before every answer,
+so routing tests can tell the backends of a route apart.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     extensions: list[str] = msgspec.field(default_factory=lambda: sorted(EXTENSIONS - {"structured_outputs", "continuous_usage_stats"}))
     cancel_log: str | None = None  # a file where each cancelled request id is appended
     healthy: bool = True
+    answer_prefix: str = ""  # a word put before every answer (one more token)
+    fail: str | None = None  # every request fails before its first token, as with `FAIL:<kind>`
+    fail_after: int | None = None  # every request fails after this many tokens, as with `FAILMID:<n>`
 
 
 def prompt_words(spec: RequestSpec | TokenizeRequest) -> list[str]:
@@ -102,9 +107,12 @@ class EchoBackend:
 
     async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         words = answer_words(spec)
+        if self.options.answer_prefix:
+            words = [self.options.answer_prefix, *words]
         prompt_tokens = len(prompt_words(spec))
-        _maybe_fail_early(words, prompt_tokens, spec, self.options.max_model_len)
-        fail_mid = _fail_mid(words)
+        forced = [f"FAIL:{self.options.fail}"] if self.options.fail else []
+        _maybe_fail_early(forced + words, prompt_tokens, spec, self.options.max_model_len)
+        fail_mid = _fail_mid(words) if self.options.fail_after is None else self.options.fail_after
         limit = spec.sampling.max_tokens or self.options.max_model_len - prompt_tokens
         self.in_flight += 1
         try:
