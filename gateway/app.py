@@ -191,6 +191,43 @@ async def detokenize(request: Request, state: State, data: S.DetokenizeBody) -> 
     return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
 
 
+@post("/switchyard/render", status_code=200, summary="Show the prompt text and token ids a backend builds for a conversation.")
+async def render(request: Request, state: State, data: S.RenderBody) -> Response:
+    """The template inspector: with `compare`, every target of the route side by side, and the
+    index of the first token where they differ."""
+    gateway = _gateway(state)
+    if data.compare:
+        route, _ = gateway.model_card(data.model)
+        targets = [(gateway.backends[t.backend], t.model) for t in route.targets]
+    else:
+        resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+        targets = [(resolved.backend, resolved.target.model)]
+    messages = [msgspec.to_builtins(m) for m in data.messages]
+    tools = msgspec.to_builtins(data.tools) if data.tools else None
+    add_generation_prompt = True if data.add_generation_prompt is None else data.add_generation_prompt
+    renders = []
+    for backend, model in targets:
+        rendered = await backend.render(
+            model, messages, add_generation_prompt=add_generation_prompt, chat_template_kwargs=data.chat_template_kwargs, tools=tools
+        )
+        renders.append(
+            S.RenderedPrompt(backend=backend.name, model=model, text=rendered.text, tokens=rendered.tokens, token_strs=rendered.token_strs)
+        )
+    body = S.RenderResponse(model=data.model, renders=renders, first_difference=first_difference([r.tokens for r in renders]))
+    return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request))
+
+
+def first_difference(token_lists: list[list[int]]) -> int | None:
+    """The first position where the lists disagree (a shorter list ends there); None if equal."""
+    if len(token_lists) < 2:
+        return None
+    longest = max(len(t) for t in token_lists)
+    for i in range(longest):
+        if len({t[i] if i < len(t) else None for t in token_lists}) > 1:
+            return i
+    return None
+
+
 @get("/health", summary="Liveness: the gateway process answers.")
 async def health() -> Response:
     return Response(content=b'{"status":"ok"}', media_type="application/json")
@@ -226,7 +263,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, health, ready, metrics],
+        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, render, health, ready, metrics],
         lifespan=[lifespan],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

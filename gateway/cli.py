@@ -91,6 +91,46 @@ def _ab_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    """Ask a running gateway how its backends render a conversation (POST /switchyard/render)."""
+    import json
+    from pathlib import Path
+
+    import httpx
+
+    messages = json.loads(Path(args.messages).read_text(encoding="utf-8"))
+    payload = {"model": args.model, "messages": messages, "compare": args.compare}
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    response = httpx.post(args.url.rstrip("/") + "/switchyard/render", json=payload, headers=headers, timeout=120)
+    body = response.json()
+    if response.status_code != 200:
+        print(f"switchyard render: {body['error']['message']}", file=sys.stderr)
+        return 1
+    print(format_renders(body))
+    return 0
+
+
+def format_renders(body: dict) -> str:
+    """Each backend's prompt text and tokens; with several, the first differing token marked."""
+    diff = body["first_difference"]
+    lines: list[str] = []
+    for r in body["renders"]:
+        lines.append(f"== {r['backend']} ({r['model']}): {len(r['tokens'])} tokens")
+        lines.append(r["text"])
+        strs = r["token_strs"] or [str(t) for t in r["tokens"]]
+        shown = [f">>>{t}:{s!r}<<<" if i == diff else f"{t}:{s!r}" for i, (t, s) in enumerate(zip(r["tokens"], strs))]
+        lines.append(" ".join(shown))
+    if len(body["renders"]) > 1:
+        lines.append("identical" if diff is None else f"first difference at token {diff}")
+    return "\n".join(lines)
+
+
+def _engines(args: argparse.Namespace) -> int:
+    from engines.install import main as install_main
+
+    return install_main([args.what])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description="One OpenAI-compatible endpoint for many engines.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     report.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0; the report is reproducible)")
     report.set_defaults(func=_ab_report)
+
+    render = sub.add_parser("render", help="show the prompt a running gateway's backends build for a conversation")
+    render.add_argument("--model", required=True, help="a model or route name")
+    render.add_argument("--messages", required=True, help="a JSON file with the messages array")
+    render.add_argument("--compare", action="store_true", help="every target of the route, side by side")
+    render.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
+    render.add_argument("--api-key", default=None)
+    render.set_defaults(func=_render)
+
+    engines = sub.add_parser("engines", help="install the real engines the proxy backends can start")
+    engines_sub = engines.add_subparsers(dest="engines_command", required=True)
+    install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
+    install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
+    install.set_defaults(func=_engines)
 
     models = sub.add_parser("models", help="manage bundled models")
     models_sub = models.add_subparsers(dest="models_command", required=True)

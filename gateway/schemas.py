@@ -269,6 +269,17 @@ class TokenizeBody(_Request, kw_only=True):
     return_token_strs: bool | None = None
 
 
+class RenderBody(_Request, kw_only=True):
+    """POST /switchyard/render: the template inspector."""
+
+    model: str
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    add_generation_prompt: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    compare: bool | None = None  # every target of the route, side by side
+
+
 class DetokenizeBody(_Request, kw_only=True):
     model: str | None = None
     tokens: list[NonNegativeInt]
@@ -391,6 +402,21 @@ class TokenizeResponse(_Response, kw_only=True):
 
 class DetokenizeResponse(_Response, kw_only=True):
     prompt: str
+
+
+class RenderedPrompt(_Response, kw_only=True):
+    backend: str
+    model: str
+    text: str
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class RenderResponse(_Response, kw_only=True):
+    model: str
+    renders: list[RenderedPrompt]
+    # index of the first token where the renders differ; None when all are identical
+    first_difference: int | None
 
 
 class ErrorBody(_Response, kw_only=True):

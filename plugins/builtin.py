@@ -38,6 +38,7 @@ from plugins.protocol import (
     Event,
     Finish,
     ModelInfo,
+    Rendered,
     RequestSpec,
     TextDelta,
     TokenizeRequest,
@@ -348,6 +349,17 @@ class BuiltinBackend:
         if request.return_token_strs:
             strs = [self.tokenizer.id_to_token(t) or "" for t in tokens]
         return TokenizeResult(tokens=tokens, max_model_len=self.engine.max_model_len, token_strs=strs)
+
+    async def render(self, upstream_model: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                     chat_template_kwargs: dict[str, Any] | None = None,
+                     tools: list[dict[str, Any]] | None = None) -> Rendered:
+        """The prompt text this engine builds for `messages` and its token ids (template inspector)."""
+        self._require_engine(upstream_model)
+        assert self.tokenizer is not None
+        text = self._render(messages, chat_template=None, add_generation_prompt=add_generation_prompt,
+                            continue_final_message=False, tools=tools, chat_template_kwargs=chat_template_kwargs)
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        return Rendered(text=text, tokens=tokens, token_strs=[self.tokenizer.id_to_token(t) or "" for t in tokens])
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
         self._require_engine(upstream_model)

@@ -192,6 +192,15 @@ class TokenizeResult(msgspec.Struct, kw_only=True):
     token_strs: list[str] | None = None
 
 
+class Rendered(msgspec.Struct, kw_only=True):
+    """What the template inspector shows: the prompt text a backend builds for a conversation
+    and its token ids, exactly as a chat request would use them."""
+
+    text: str
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What a backend plugin hands the gateway. `name` is the `[[backends]]` name in
@@ -213,5 +222,17 @@ class Backend(Protocol):
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResult: ...
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str: ...
+
+    async def render(
+        self,
+        upstream_model: str,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Rendered:
+        """The chat prompt as this backend builds it (template inspector). Backends that cannot
+        tell raise `InvalidRequest`."""
 
     async def close(self) -> None: ...

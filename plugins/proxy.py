@@ -55,6 +55,7 @@ from plugins.protocol import (
     Event,
     Finish,
     ModelInfo,
+    Rendered,
     RequestSpec,
     TextDelta,
     TokenizeRequest,
@@ -353,14 +354,6 @@ class StreamNormalizer:
 
 
 # ------------------------------------------------------------------------------------ backend
-
-
-class Rendered(msgspec.Struct, kw_only=True):
-    """What the template inspector shows: the prompt text the server built and its token ids."""
-
-    text: str
-    tokens: list[int]
-    token_strs: list[str] | None = None
 
 
 class ProxyBackend:

@@ -32,7 +32,8 @@ import msgspec
 from plugins import hookimpl
 from plugins.errors import ConfigError
 from plugins.protocol import EXTENSIONS, RequestSpec, TokenizeRequest, TokenizeResult
-from plugins.proxy import ProxyBackend, ProxyOptions, Rendered
+from plugins.protocol import Rendered
+from plugins.proxy import ProxyBackend, ProxyOptions
 from plugins.registry import BackendType
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

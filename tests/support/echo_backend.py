@@ -24,6 +24,7 @@ from plugins.protocol import (
     Event,
     Finish,
     ModelInfo,
+    Rendered,
     RequestSpec,
     TextDelta,
     TokenizeRequest,
@@ -101,6 +102,13 @@ class EchoBackend:
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
         words = prompt_words(request)
         return TokenizeResult(tokens=[len(w) for w in words], max_model_len=self.options.max_model_len)
+
+    async def render(self, upstream_model: str, messages: list[dict], *, add_generation_prompt: bool = True,
+                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> Rendered:
+        words = prompt_words(TokenizeRequest(upstream_model=upstream_model, messages=messages))
+        # two arms with different answer prefixes render differently, as two templates would
+        words = [self.options.answer_prefix + w for w in words]
+        return Rendered(text=" ".join(words), tokens=[len(w) for w in words], token_strs=words)
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
         return " ".join("x" * t for t in tokens)
