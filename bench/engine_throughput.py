@@ -11,7 +11,12 @@ time to first token, median inter-token latency.
   how many streams wait, so it is measured once on a few requests).
 - hf batched: transformers `generate` on all streams' prompts as one left-padded batch.
 
-    .venv/bin/python bench/engine_throughput.py                 # the default model, ~5 min on 2 cores
+Then, unless `--abort-trials 0`, abort latency of the built-in engine: the time from
+`engine.abort()` (what the gateway calls when a client goes away) to the request's blocks being
+freed, while the most streams decode, and while a long prompt is being prefilled in chunks.
+
+    .venv/bin/python bench/engine_throughput.py                 # the default model, ~6 min on 2 cores
+    .venv/bin/python bench/engine_throughput.py --matmul-dtype bfloat16   # bf16 projections
     .venv/bin/python bench/engine_throughput.py --smoke         # the tiny test model, a few seconds
 """
 
@@ -82,6 +87,45 @@ def bench_builtin(engine, streams: int, prompt_len: int, output_len: int, seed: 
                   statistics.median(itls) if itls else None)
 
 
+def bench_abort_latency(engine, streams: int, prompt_len: int, trials: int, seed: int) -> dict[str, list[float]]:  # noqa: ANN001
+    """Seconds from `abort()` to the request's blocks being freed (`engine.abort_latencies`):
+    a decoding stream aborted at a random moment while `streams` decode; a long prompt aborted at
+    a random moment of its chunked prefill while `streams - 1` decode."""
+    from builtin_engine.sampling_params import SamplingParams
+
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, ignore_eos=True)  # max_tokens: the rest of the context
+    long_len = min(4 * engine.config.max_num_batched_tokens, engine.max_model_len - 16)
+    results: dict[str, list[float]] = {"decode": [], "prefill": []}
+    for kind in results:
+        engine.block_manager.reset_prefix_cache()
+        decoders = [engine.add_request(p, params) for p in make_prompts(streams - 1, prompt_len, vocab, seed)]
+        while engine.num_running_seqs < len(decoders):
+            time.sleep(0.01)
+        for _ in range(trials):
+            if kind == "decode":
+                victim = engine.add_request(make_prompts(1, prompt_len, vocab, rng.randrange(1 << 30))[0], params)
+                while victim.request_id not in engine.running_request_ids():
+                    time.sleep(0.005)
+                time.sleep(rng.uniform(0.05, 0.6))  # decoding, at a random point of a step
+            else:
+                victim = engine.add_request(make_prompts(1, long_len, vocab, rng.randrange(1 << 30))[0], params)
+                while victim.request_id not in engine.running_request_ids():
+                    time.sleep(0.002)
+                time.sleep(rng.uniform(0.0, 0.8))  # somewhere in its chunked prefill
+            before = len(engine.abort_latencies)
+            engine.abort(victim.request_id)
+            while len(engine.abort_latencies) == before:
+                time.sleep(0.001)
+            results[kind].append(engine.abort_latencies[-1])
+        for handle in decoders:
+            engine.abort(handle.request_id)
+        while engine.num_unfinished_requests:
+            time.sleep(0.01)
+    return results
+
+
 def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> float:  # noqa: ANN001
     import torch
 
@@ -122,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads, both engines")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both engines")
+    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="the built-in engine's projection precision (default: --dtype)")
+    parser.add_argument("--abort-trials", type=int, default=8, help="aborts timed per situation (0: skip)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--hf-serial-requests", type=int, default=2, help="requests timed for the serial baseline")
     parser.add_argument("--skip-hf", action="store_true")
@@ -144,17 +191,24 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = resolve_model(args.model or DEFAULT_MODEL)
     streams = [int(s) for s in args.streams.split(",")]
     print(f"model {model_dir}\n{args.prompt_tokens} prompt tokens, {args.output_tokens} output tokens per stream, "
-          f"greedy, ignore_eos; torch {torch.__version__}, {args.num_threads} thread(s), {args.dtype}\n", flush=True)
+          f"greedy, ignore_eos; torch {torch.__version__}, {args.num_threads} thread(s), {args.dtype}"
+          f"{f', builtin matmuls {args.matmul_dtype}' if args.matmul_dtype else ''}; "
+          f"load average {_load()} at start\n", flush=True)
 
+    kv_tokens = max(streams) * (args.prompt_tokens + args.output_tokens) + 256
+    if args.abort_trials:
+        kv_tokens = max(kv_tokens, max(streams) * (args.prompt_tokens + 64) + 5 * args.max_num_batched_tokens + 1024)
     engine = LLMEngine.from_model_dir(model_dir, config=EngineConfig(
-        dtype=args.dtype, max_num_seqs=max(streams), max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_tokens=max(streams) * (args.prompt_tokens + args.output_tokens) + 256))
+        dtype=args.dtype, matmul_dtype=args.matmul_dtype, max_num_seqs=max(streams) + 1,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_tokens=kv_tokens))
     engine.start()
     bench_builtin(engine, 2, 16, 4, seed=99)  # warm-up
     ours = {}
     for n in streams:
         ours[n] = bench_builtin(engine, n, args.prompt_tokens, args.output_tokens, seed=n)
         print(ours[n].row(), flush=True)
+    aborts = bench_abort_latency(engine, max(streams), args.prompt_tokens, args.abort_trials, seed=5) \
+        if args.abort_trials else None
     engine.shutdown()
     vocab = engine.model_config.vocab_size
 
@@ -187,7 +241,19 @@ def main(argv: list[str] | None = None) -> int:
             if n in batched:
                 line += f", {ours[n].tokens_per_s / batched[n].tokens_per_s:5.2f}x vs batched"
             print(line)
+    if aborts is not None:
+        print(f"\nabort latency, abort() to blocks freed, {args.abort_trials} trials each (ms): median / max")
+        for kind, values in aborts.items():
+            where = (f"a decoding stream among {max(streams)}" if kind == "decode" else
+                     f"a {min(4 * args.max_num_batched_tokens, engine.max_model_len - 16)}-token prompt in chunked "
+                     f"prefill beside {max(streams) - 1} decoding")
+            print(f"  {where}: {statistics.median(values) * 1e3:.0f} / {max(values) * 1e3:.0f}")
+    print(f"\nload average {_load()} at the end")
     return 0
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # weights, activations, KV cache
+    # Precision of the projections (q/k/v, o, gate/up, down, lm_head); None: `dtype`. "bfloat16"
+    # with dtype "float32" stores those matrices in bfloat16 and rounds their inputs to it, the
+    # rest staying float32: ~2.5x faster matmuls on CPUs with AVX-512 BF16 or AMX, not
+    # token-exact against a float32 reference.
+    matmul_dtype: Literal["float32", "bfloat16"] | None = None
     # Longest prompt + completion; None: the model's max_position_embeddings, capped by the KV
     # cache (and a sliding window, when the model has one).
     max_model_len: int | None = None
@@ -34,6 +39,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) is less than one block ({self.block_size})")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.dtype == "bfloat16" and self.matmul_dtype == "float32":
+            raise ValueError("matmul_dtype float32 needs dtype float32 (bfloat16 weights gain nothing from it)")
 
     @property
     def num_kv_blocks(self) -> int:

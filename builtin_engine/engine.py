@@ -2,20 +2,24 @@
 
     handle = engine.add_request(prompt_ids, params, priority=0)   # raises before scheduling
     async for output in handle: ...                               # on the loop that added it
-    engine.abort(handle.request_id)                               # any thread; before the next step
+    engine.abort(handle.request_id)                               # any thread; within one layer
 
 `add_request` validates and enqueues (any thread). The step thread, between steps, admits new
 requests and applies aborts; each step schedules, runs the model, samples, detokenizes and
 checks stops, then hands each touched request's `RequestOutput` to its event loop (see
-`request_handle`). Without the thread, `step()` / `run_until_done()` drive it by hand.
+`request_handle`). An abort that arrives during a step is applied between two layers of the
+forward: the request's rows leave the batch and its blocks are freed then, not at the step's
+end. Without the thread, `step()` / `run_until_done()` drive it by hand.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -93,7 +97,7 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}  # the step thread's
         self._lock = threading.Condition()  # guards the four fields below
         self._inbox: list[_Request] = []
-        self._aborts: list[str] = []
+        self._aborts: list[tuple[str, float]] = []  # (request id, time.monotonic() of the call)
         self._num_queued = 0  # requests added whose leader has not been scheduled yet
         self._stopping = False
         self._seq_ids = itertools.count()
@@ -101,6 +105,8 @@ class LLMEngine:
         self._random = random.Random()
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None
+        # seconds from each `abort()` call to its request's blocks being freed, latest last
+        self.abort_latencies: collections.deque[float] = collections.deque(maxlen=256)
 
     @classmethod
     def from_model_dir(
@@ -120,7 +126,9 @@ class LLMEngine:
         weights = load_weights(Path(model_dir), model_config, config.dtype)
         if torch.device(device).type != "cpu":
             weights = weights.to(torch.device(device))
-        model = LlamaModel(model_config, weights, max_positions=resolve_max_model_len(model_config, config))
+        matmul_dtype = getattr(torch, config.matmul_dtype) if config.matmul_dtype else None
+        model = LlamaModel(model_config, weights, max_positions=resolve_max_model_len(model_config, config),
+                           matmul_dtype=matmul_dtype)
         return cls(model, config=config, eos_token_ids=eos_token_ids, detokenizer_factory=detokenizer_factory)
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -190,9 +198,10 @@ class LLMEngine:
                 self.abort(handle.request_id)
 
     def abort(self, request_id: str) -> None:
-        """Free the request's sequences and KV blocks before the next step. Unknown ids are ignored."""
+        """Free the request's sequences and KV blocks: before the next layer of a running step,
+        or before the next step. Unknown ids are ignored."""
         with self._lock:
-            self._aborts.append(request_id)
+            self._aborts.append((request_id, time.monotonic()))
             self._lock.notify_all()
 
     def _new_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int,
@@ -228,8 +237,8 @@ class LLMEngine:
         if out.is_empty:
             return
         self._count_scheduled(out)
-        seqs, sampled = self.runner.execute(out.chunks)
-        self.scheduler.update_after_step(out)
+        seqs, sampled = self.runner.execute(out.chunks, poll_aborted=self._poll_aborted)
+        self.scheduler.update_after_step(out)  # skips the chunks of requests aborted mid-step
         self.num_steps += 1
         self.last_step = _step_stats(out, len(seqs))
         if sampled is not None:
@@ -284,7 +293,17 @@ class LLMEngine:
             with self._lock:
                 self._num_queued -= num_new
 
-    def _admit_and_abort(self) -> None:
+    def _poll_aborted(self) -> set[str] | tuple[()]:
+        """The model runner's check between layers: apply the aborts that came in since, return
+        the ids of the requests they ended (the runner drops their rows)."""
+        if not self._aborts:  # unlocked peek: a list's truthiness is atomic, a miss waits one layer
+            return ()
+        return self._admit_and_abort()
+
+    def _admit_and_abort(self) -> set[str]:
+        """Admit new requests to the scheduler's queue, apply aborts (finish the requests' sequences,
+        free their blocks); return the ids of the requests aborted. Safe within a step: admitted
+        requests wait for the next schedule, and aborted ones must leave the running batch."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -292,7 +311,9 @@ class LLMEngine:
             self._requests[request.request_id] = request
             for seq in request.seqs:
                 self.scheduler.add(seq)
-        for request_id in aborts:
+        aborted: set[str] = set()
+        now = time.monotonic()
+        for request_id, called_at in aborts:
             request = self._requests.pop(request_id, None)
             if request is None:
                 continue
@@ -302,6 +323,9 @@ class LLMEngine:
             if not request.scheduled:
                 with self._lock:
                     self._num_queued -= 1
+            aborted.add(request_id)
+            self.abort_latencies.append(now - called_at)
+        return aborted
 
     def _run(self) -> None:
         try:
@@ -329,6 +353,15 @@ class LLMEngine:
     def num_unfinished_requests(self) -> int:
         with self._lock:
             return len(self._requests) + len(self._inbox)
+
+    @property
+    def num_running_seqs(self) -> int:
+        """Sequences in the running batch (a snapshot when read from another thread)."""
+        return len(self.scheduler.running)
+
+    def running_request_ids(self) -> set[str]:
+        """Requests with a sequence in the running batch (a snapshot from another thread)."""
+        return {seq.request_id for seq in list(self.scheduler.running)}
 
 
 def _step_stats(out: SchedulerOutput, num_sampled: int) -> StepStats:

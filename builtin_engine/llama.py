@@ -17,7 +17,10 @@ from builtin_engine.loader import LayerWeights, LlamaWeights, ModelConfig
 
 @dataclass(slots=True)
 class KVCache:
-    """Per layer, `[num_blocks, block_size, Hkv, D]` key and value tensors."""
+    """Per layer, `[num_blocks, block_size, Hkv, D]` key and value tensors: views of head-major
+    storage (`[Hkv, num_blocks, block_size, D]` contiguous), so that gathering a sequence's
+    blocks for one head copies whole [block_size, D] slabs (the torch references' fast path;
+    the Triton kernels index by strides and take any layout)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -25,19 +28,33 @@ class KVCache:
     @classmethod
     def allocate(cls, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> KVCache:
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        return cls(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)],
-        )
+        shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
+
+        def one() -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
+
+        return cls(keys=[one() for _ in range(config.num_layers)], values=[one() for _ in range(config.num_layers)])
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: LlamaWeights, *, max_positions: int) -> None:
+    """`forward` runs the whole pass; `embed`, `layer` and `final_norm` are its parts, for a caller
+    that acts between layers (the model runner drops aborted rows there).
+
+    `matmul_dtype` (default: the weights' dtype) is the precision of the decoder layers'
+    projections: bfloat16 over float32 weights stores the q/k/v, o, gate/up and down matrices in
+    bfloat16 and rounds each projection's input and output to bfloat16, while the embedding,
+    norms, rotary, attention, the residual stream, the KV cache and the lm_head (so the logits)
+    stay float32. Logits rounded to bfloat16 would tie tokens whose logits differ by up to 1/16
+    and blur logprobs, for ~10% of a decode step's time.
+    """
+
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, *, max_positions: int,
+                 matmul_dtype: torch.dtype | None = None) -> None:
         self.config = config
-        self.weights = weights
         self.device = weights.embed_tokens.device
-        self.dtype = weights.embed_tokens.dtype
+        self.dtype = weights.embed_tokens.dtype  # activations and the KV cache
+        self.matmul_dtype = matmul_dtype or self.dtype
+        self.weights = weights if self.matmul_dtype == self.dtype else _cast_projections(weights, self.matmul_dtype)
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
@@ -47,42 +64,55 @@ class LlamaModel:
             inv_freq=None if inv_freq is None else inv_freq.to(self.device),
         )  # [max_positions, D] float32
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.weights.layers)
+
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids [T] int64 -> final-normed hidden states of the `meta.logits_indices` rows [S, H]."""
-        w = self.weights
-        hidden = F.embedding(input_ids, w.embed_tokens)  # [T, H]
-        residual: torch.Tensor | None = None
-        for i, layer in enumerate(w.layers):
-            hidden, residual = self._layer(layer, hidden, residual, meta, kv_cache.keys[i], kv_cache.values[i])
-        hidden = hidden[meta.logits_indices]
-        residual = residual[meta.logits_indices]  # type: ignore[index]
-        hidden, _ = kernels.fused_add_rms_norm(hidden, residual, w.norm, self.config.rms_norm_eps)
-        return hidden
+        hidden, residual = self.embed(input_ids), None
+        for index in range(self.num_layers):
+            hidden, residual = self.layer(index, hidden, residual, meta, kv_cache)
+        return self.final_norm(hidden, residual, meta.logits_indices)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[S, H] -> [S, V] float32."""
-        return F.linear(hidden, self.weights.lm_head).float()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 -> [T, H], the first layer's `hidden` (its `residual` is None)."""
+        return F.embedding(input_ids, self.weights.embed_tokens)
 
-    def _layer(
-        self,
-        layer: LayerWeights,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        meta: AttentionMetadata,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer(self, index: int, hidden: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
+              kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer `index`: (hidden [T, H], residual [T, H] or None) -> the next pair."""
+        layer = self.weights.layers[index]
         eps = self.config.rms_norm_eps
         if residual is None:
             residual = hidden
             hidden = kernels.rms_norm(hidden, layer.input_norm, eps)
         else:
             hidden, residual = kernels.fused_add_rms_norm(hidden, residual, layer.input_norm, eps)
-        hidden = self._attention(layer, hidden, meta, k_cache, v_cache)
+        hidden = self._attention(layer, hidden, meta, kv_cache.keys[index], kv_cache.values[index])
         hidden, residual = kernels.fused_add_rms_norm(hidden, residual, layer.post_attention_norm, eps)
-        gate_up = F.linear(hidden, layer.gate_up_proj)  # [T, 2I]
-        hidden = F.linear(kernels.silu_and_mul(gate_up), layer.down_proj)  # [T, H]
+        gate_up = self._linear(hidden, layer.gate_up_proj)  # [T, 2I]
+        hidden = self._linear(kernels.silu_and_mul(gate_up), layer.down_proj)  # [T, H]
         return hidden, residual
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+        """The last layer's pair -> final-normed hidden states of `rows` ([S] int64) [S, H]."""
+        eps = self.config.rms_norm_eps
+        if residual is None:  # a model without layers
+            return kernels.rms_norm(hidden[rows], self.weights.norm, eps)
+        hidden, _ = kernels.fused_add_rms_norm(hidden[rows], residual[rows], self.weights.norm, eps)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[S, H] -> [S, V] float32."""
+        return self._linear(hidden, self.weights.lm_head).float()
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in] @ weight [out, in]^T (+ bias) -> [T, out] in x's dtype."""
+        if weight.dtype == x.dtype:
+            return F.linear(x, weight, bias)
+        out = F.linear(x.to(weight.dtype), weight).to(x.dtype)
+        return out if bias is None else out.add_(bias)
 
     def _attention(
         self,
@@ -94,7 +124,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         c = self.config
         num_tokens = hidden.shape[0]
-        qkv = F.linear(hidden, layer.qkv_proj, layer.qkv_bias)  # [T, (Hq + 2 Hkv) D]
+        qkv = self._linear(hidden, layer.qkv_proj, layer.qkv_bias)  # [T, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, c.num_heads, c.head_dim)  # views into qkv, not contiguous
         k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
@@ -121,4 +151,22 @@ class LlamaModel:
                 q[num_decode:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
                 meta.prefill_seq_lens, self.scale,
             )
-        return F.linear(out.reshape(num_tokens, self.q_size), layer.o_proj)  # [T, H]
+        return self._linear(out.reshape(num_tokens, self.q_size), layer.o_proj)  # [T, H]
+
+
+def _cast_projections(weights: LlamaWeights, dtype: torch.dtype) -> LlamaWeights:
+    """A copy whose decoder projection matrices are in `dtype`; norms, biases, the embedding and
+    the lm_head keep theirs."""
+    layers = [
+        LayerWeights(
+            input_norm=layer.input_norm,
+            qkv_proj=layer.qkv_proj.to(dtype),
+            qkv_bias=layer.qkv_bias,
+            o_proj=layer.o_proj.to(dtype),
+            post_attention_norm=layer.post_attention_norm,
+            gate_up_proj=layer.gate_up_proj.to(dtype),
+            down_proj=layer.down_proj.to(dtype),
+        )
+        for layer in weights.layers
+    ]
+    return LlamaWeights(embed_tokens=weights.embed_tokens, layers=layers, norm=weights.norm, lm_head=weights.lm_head)

@@ -1,7 +1,15 @@
 """Run one scheduled step: build the flattened batch and its `AttentionMetadata`, run the model
-over it, sample one token for every chunk that reaches its sequence's end."""
+over it layer by layer, sample one token for every chunk that reaches its sequence's end.
+
+Between layers the runner asks `poll_aborted` (the engine's) which requests were aborted since
+the step began; their rows leave the batch at once, so an abort takes effect within one layer's
+time instead of one step's (a step is up to ~1 s during a long prefill chunk on a CPU).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import torch
 
@@ -10,6 +18,15 @@ from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.sampler import Sampler, SamplerOutput, prepare_sampling_metadata
 from builtin_engine.scheduler import ScheduledChunk
 from builtin_engine.sequence import Sequence
+
+PollAborted = Callable[[], Collection[str]]  # -> ids of requests aborted (and freed) since the last call
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sampling_seqs: list[Sequence]  # row i of the logits samples for sampling_seqs[i]
 
 
 class ModelRunner:
@@ -21,17 +38,31 @@ class ModelRunner:
         self.device = model.device
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> tuple[list[Sequence], SamplerOutput | None]:
-        """The sequences that sampled this step (in order) and their tokens."""
-        input_ids, meta, sampling_seqs = self.prepare_inputs(chunks)
-        hidden = self.model.forward(input_ids, meta, self.kv_cache)  # [S, H]
-        if not sampling_seqs:
+    def execute(self, chunks: list[ScheduledChunk], *,
+                poll_aborted: PollAborted | None = None) -> tuple[list[Sequence], SamplerOutput | None]:
+        """The sequences that sampled this step (in order) and their tokens. Chunks of requests
+        that `poll_aborted` names are dropped mid-step: they neither sample nor count as computed."""
+        inputs = self.prepare_inputs(chunks)
+        hidden, residual = self.model.embed(inputs.input_ids), None  # [T, H]
+        for index in range(self.model.num_layers):
+            aborted = poll_aborted() if poll_aborted is not None else ()
+            if aborted:
+                kept = [c for c in chunks if c.seq.request_id not in aborted]
+                if not kept:
+                    return [], None
+                rows = _rows_of(chunks, kept, device=self.device)
+                hidden = hidden.index_select(0, rows)
+                residual = None if residual is None else residual.index_select(0, rows)
+                chunks, inputs = kept, self.prepare_inputs(kept)
+            hidden, residual = self.model.layer(index, hidden, residual, inputs.meta, self.kv_cache)
+        if not inputs.sampling_seqs:
             return [], None
+        hidden = self.model.final_norm(hidden, residual, inputs.meta.logits_indices)  # [S, H]
         logits = self.model.compute_logits(hidden)  # [S, V] float32
-        sampling = prepare_sampling_metadata(sampling_seqs, device=self.device)
-        return sampling_seqs, self.sampler(logits, sampling)
+        sampling = prepare_sampling_metadata(inputs.sampling_seqs, device=self.device)
+        return inputs.sampling_seqs, self.sampler(logits, sampling)
 
-    def prepare_inputs(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, AttentionMetadata, list[Sequence]]:
+    def prepare_inputs(self, chunks: list[ScheduledChunk]) -> StepInputs:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -45,8 +76,9 @@ class ModelRunner:
         sampling_seqs: list[Sequence] = []
         num_decode = 0
         for chunk in chunks:
-            seq, table, start, end = chunk.seq, chunk.seq.block_table, chunk.start, chunk.end
-            if chunk.is_decode:
+            seq, start, end = chunk.seq, chunk.start, chunk.start + chunk.num_tokens
+            table = seq.block_table
+            if end - start == 1:  # a decode row
                 assert not prefill_tables, "decode chunks must come first"
                 input_ids.append(seq.token_ids[start])
                 positions.append(start)
@@ -60,8 +92,8 @@ class ModelRunner:
                 slots.extend([table[p // bs] * bs + p % bs for p in range(start, end)])
                 prefill_tables.append(table)
                 prefill_lens.append(end)
-                cu_seqlens_q.append(cu_seqlens_q[-1] + chunk.num_tokens)
-            if chunk.samples:
+                cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
+            if end == len(seq.token_ids):  # the chunk reaches the sequence's end: it samples
                 logits_indices.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
         dev = self.device
@@ -76,10 +108,23 @@ class ModelRunner:
             prefill_seq_lens=torch.tensor(prefill_lens, dtype=torch.int32, device=dev),
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
         )
-        return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta, sampling_seqs
+        return StepInputs(torch.tensor(input_ids, dtype=torch.int64, device=dev), meta, sampling_seqs)
 
     def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
         """[B, max_blocks] int32; rows padded with block 0, which attention never reads past seq_len."""
         width = max((len(t) for t in tables), default=0)
-        padded = [t + [0] * (width - len(t)) for t in tables]
+        padded = [t + [0] * (width - len(t)) if len(t) < width else t for t in tables]
         return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(tables), width)
+
+
+def _rows_of(chunks: list[ScheduledChunk], kept: list[ScheduledChunk], *, device: torch.device) -> torch.Tensor:
+    """[T'] int64: the rows of the flattened batch of `chunks` that belong to `kept` (a
+    subsequence of `chunks`), in order."""
+    wanted = {id(c) for c in kept}
+    rows: list[int] = []
+    start = 0
+    for chunk in chunks:
+        if id(chunk) in wanted:
+            rows.extend(range(start, start + chunk.num_tokens))
+        start += chunk.num_tokens
+    return torch.tensor(rows, dtype=torch.int64, device=device)

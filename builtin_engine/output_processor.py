@@ -6,16 +6,24 @@ string is cut from the text (kept with `include_stop_str_in_output`). EOS and st
 finish a choice only after `min_tokens` (the sampler bans them before), and their own text is
 dropped unless `include_stop_str_in_output`. Stop strings count once `min_tokens` tokens exist, and
 only where the newest token's text completes them (as in vLLM).
+
+A sequence decoding under a grammar (structured outputs) has its matcher advanced here with each
+token; a matcher that accepted a stop token has terminated, and the choice finishes with "stop"
+(also under `ignore_eos`: nothing may follow). A token the grammar refuses (the sampler masks
+them, so only through a bug) finishes the choice too, rather than emit text that breaks it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from builtin_engine.outputs import ChoiceOutput, FinishReason
 from builtin_engine.sampler import TokenLogprobs
 from builtin_engine.sequence import Sequence
 from builtin_engine.stop_strings import find_stop_string, held_back_len
+
+_log = logging.getLogger(__name__)
 
 
 class Detokenizer(Protocol):
@@ -41,6 +49,12 @@ class ChoiceState:
         if past_min and (token_id in self.eos_token_ids or token_id in p.stop_token_ids):
             reason = "stop"
             stop_reason = token_id if token_id in p.stop_token_ids else None
+        if seq.matcher is not None and reason is None:
+            if not seq.matcher.accept(token_id):
+                _log.warning("sequence %r: token %d is outside its grammar; finishing it", seq, token_id)
+                reason = "stop"
+            elif seq.matcher.is_terminated:
+                reason = "stop"
         num_chars_before = len(self.text)
         if self.detokenizer is not None and (reason is None or p.include_stop_str_in_output):
             self.text += self.detokenizer.push(token_id)

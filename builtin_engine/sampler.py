@@ -1,8 +1,10 @@
 """Turn a step's logits into one new token per sampling sequence.
 
-Order, as in vLLM: logits processors (logit_bias, min_tokens ban on EOS / stop token ids,
-repetition / presence / frequency penalties), then `kernels.sample` does temperature, top-k,
-top-p, min-p and the pick, reproducibly per row from the row's seed and its number of generated
+Order, as in vLLM: the structured-output masks (tokens a sequence's grammar forbids next set to
+-inf; only rows that have a grammar, see `builtin_engine.structured`), logits processors
+(logit_bias, min_tokens ban on EOS / stop token ids, repetition / presence / frequency
+penalties), then `kernels.sample` does temperature, top-k, top-p, min-p and the pick,
+reproducibly per row from the row's seed and its number of generated
 tokens (so a seeded request gives the same tokens whoever it is batched with, and a recompute
 after preemption does not change them).
 
@@ -21,6 +23,7 @@ import torch
 
 import kernels
 from builtin_engine.sequence import Sequence
+from builtin_engine.structured import MaskBuffer
 
 LogprobsMode = Literal["raw", "processed"]
 _SEED_MASK = (1 << 63) - 1
@@ -58,16 +61,19 @@ class SamplingMetadata:
     offsets: torch.Tensor  # [S] int64, tokens generated so far
     processed_rows: tuple[int, ...]  # rows with a logits processor to apply
     logprob_rows: tuple[int, ...]  # rows that asked for logprobs
+    grammar_rows: tuple[int, ...] = ()  # rows whose sequence decodes under a grammar
 
 
 def prepare_sampling_metadata(seqs: list[Sequence], *, device: torch.device) -> SamplingMetadata:
     params = [s.params for s in seqs]
-    processed, logprob_rows = [], []
+    processed, logprob_rows, grammar_rows = [], [], []
     for row, (seq, p) in enumerate(zip(seqs, params)):
         if p.has_penalties or p.logit_bias or seq.num_output_tokens < p.min_tokens:
             processed.append(row)
         if p.logprobs:
             logprob_rows.append(row)
+        if seq.matcher is not None:
+            grammar_rows.append(row)
     return SamplingMetadata(
         seqs=tuple(seqs),
         temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
@@ -78,6 +84,7 @@ def prepare_sampling_metadata(seqs: list[Sequence], *, device: torch.device) -> 
         offsets=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=device),
         processed_rows=tuple(processed),
         logprob_rows=tuple(logprob_rows),
+        grammar_rows=tuple(grammar_rows),
     )
 
 
@@ -91,12 +98,16 @@ class Sampler:
     def __init__(self, *, eos_token_ids: frozenset[int], logprobs_mode: LogprobsMode = "raw") -> None:
         self.eos_token_ids = eos_token_ids
         self.logprobs_mode = logprobs_mode
+        self._masks = MaskBuffer()
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """logits [S, V] float32 (modified in place) -> one token per row."""
         logprobs: torch.Tensor | None = None
         if meta.logprob_rows and self.logprobs_mode == "raw":
             logprobs = torch.log_softmax(logits[list(meta.logprob_rows)], dim=-1)
+        if meta.grammar_rows:
+            rows = meta.grammar_rows
+            self._masks.fill_and_apply(logits, rows, [meta.seqs[r].matcher for r in rows])  # type: ignore[misc]
         for row in meta.processed_rows:
             self._process_row(logits[row], meta.seqs[row])
         if meta.logprob_rows and self.logprobs_mode == "processed":
@@ -119,7 +130,11 @@ class Sampler:
         if seq.num_output_tokens < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
             if banned:
-                logits[torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
+                ids = torch.tensor(sorted(banned), device=logits.device)
+                kept = logits[ids].clone() if seq.matcher is not None else None
+                logits[ids] = float("-inf")
+                if kept is not None and not torch.isfinite(logits).any():
+                    logits[ids] = kept  # the grammar allows nothing but to end: it wins over min_tokens
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(seq.token_ids, dtype=torch.int64, device=logits.device).unique()
             values = logits[seen]

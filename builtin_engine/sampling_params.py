@@ -2,15 +2,19 @@
 
 Field names and defaults mirror `plugins.protocol.SamplingParams`, so the backend plugin converts
 one into the other field by field; the engine does not import `plugins`. `None` means "not set",
-never a magic number.
+never a magic number. `grammar` is the engine's own addition (structured outputs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from builtin_engine.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from builtin_engine.structured import Grammar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +38,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
+    # Engine-only (not a protocol field): the compiled grammar the output must follow
+    # (`builtin_engine.structured`); each sequence decodes under its own matcher of it.
+    grammar: Grammar | None = None
 
     @property
     def is_greedy(self) -> bool:

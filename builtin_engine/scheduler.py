@@ -127,8 +127,11 @@ class Scheduler:
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Record the KV computed by the step and register newly full blocks for reuse. Call
-        before appending the sampled tokens."""
+        before appending the sampled tokens. Sequences finished during the step (aborted between
+        two layers) are skipped: their blocks are gone."""
         for chunk in out.chunks:
+            if chunk.seq.is_finished:
+                continue
             chunk.seq.num_computed_tokens = chunk.end
             self.block_manager.register_full_blocks(chunk.seq)
 

@@ -8,8 +8,12 @@ and share them instead of computing them again.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from builtin_engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from builtin_engine.structured import Matcher
 
 
 class SequenceStatus(enum.Enum):
@@ -37,6 +41,7 @@ class Sequence:
         "block_hashes",
         "num_registered_blocks",
         "status",
+        "matcher",
     )
 
     def __init__(
@@ -70,6 +75,8 @@ class Sequence:
         self.block_hashes: list[bytes] = []  # hash chain of full blocks, grown lazily
         self.num_registered_blocks = 0  # leading blocks of block_table already in the prefix cache
         self.status = SequenceStatus.WAITING
+        # structured outputs: this sequence's grammar state (advanced by the output processor)
+        self.matcher: Matcher | None = params.grammar.new_matcher() if params.grammar is not None else None
 
     def __repr__(self) -> str:
         return (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -19,16 +18,20 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
 from gateway import schemas as S
+from gateway.auth import ClientKey, KeyRing
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
+from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
+from gateway.openapi import SchemaPlugin
 from gateway.responses import collect, open_stream
 from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
-from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
+from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
 T = TypeVar("T")
+B = TypeVar("B", bound=msgspec.Struct)
 
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; never reaches the client
@@ -48,26 +51,50 @@ def _headers(request: Request, backend: str | None = None) -> dict[str, str]:
 
 async def _before_request(request: Request) -> Response | None:
     request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    keys: list[bytes] = request.app.state.api_keys
-    if keys and request.url.path not in PUBLIC_PATHS and not request.url.path.startswith("/schema"):
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        presented = token.strip().encode()
-        # compare against every key so timing does not reveal which one matched
-        matched = False
-        for key in keys:
-            matched |= hmac.compare_digest(presented, key)
-        if scheme.lower() != "bearer" or not matched:
+    request.state.client_key = None
+    path = request.url.path
+    public = path in PUBLIC_PATHS or path.startswith("/schema")
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is not None and gateway.draining and not public:
+        return handle_switchyard_error(request, ShuttingDown())
+    keyring: KeyRing = request.app.state.keyring
+    if keyring.enabled and not public:
+        key = keyring.authenticate(request.headers.get("authorization", ""))
+        if key is None:
             return handle_switchyard_error(request, AuthenticationFailed("Invalid or missing API key.", code="invalid_api_key"))
+        request.state.client_key = key
     return None
 
 
+def _authorize(request: Request, model: str) -> None:
+    """403 when the client's key may not use `model` (a route or model name)."""
+    key: ClientKey | None = request.state.client_key
+    if key is not None and not key.may_use(model):
+        raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
+
+
+_DECODERS: dict[type, msgspec.json.Decoder] = {
+    t: msgspec.json.Decoder(t) for t in (S.ChatCompletionRequest, S.CompletionRequest, S.TokenizeBody, S.DetokenizeBody, S.RenderBody)
+}
+
+
+async def _body(request: Request, struct: type[B]) -> B:
+    """The body decoded straight into `struct`, strictly: a JSON type other than the field's
+    (`"temperature": "0.5"`, `"stream": 1`) is a 400, as OpenAI answers, never coerced.
+    (Litestar's own `data` parameter converts leniently.) The schema at /schema says the same."""
+    raw = await request.body()
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object.")
+    try:
+        return _DECODERS[struct].decode(raw)
+    except msgspec.DecodeError as exc:
+        raise from_decode_error(exc) from None
+
+
 def _validation_error(request: Request, exc: ValidationException) -> Response:
+    """Litestar's own parameter validation (path and query parameters; bodies are `_body`'s)."""
     cause = exc.__cause__
-    if isinstance(cause, msgspec.ValidationError) and str(cause) == "Object missing required field `data`":
-        # an empty body: Litestar found no `data` for the handler's body parameter
-        error = InvalidRequest("The request body is empty; send a JSON object.")
-    elif isinstance(cause, msgspec.ValidationError):
+    if isinstance(cause, msgspec.ValidationError):
         text = str(cause).replace("`$.data.", "`$.").replace("`$.data`", "`$`")
         error = from_decode_error(msgspec.ValidationError(text))
     else:
@@ -76,18 +103,29 @@ def _validation_error(request: Request, exc: ValidationException) -> Response:
 
 
 @post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI).")
-async def chat_completions(request: Request, state: State, data: S.ChatCompletionRequest) -> Response:
+async def chat_completions(request: Request, state: State) -> Response:
+    data = await _body(request, S.ChatCompletionRequest)
     gateway = _gateway(state)
+    _authorize(request, data.model)
+    check_messages(len(data.messages), gateway.config.server.max_messages)
     check_chat(data, max_n=gateway.config.server.max_n)
     spec = chat_spec(data, request_id=request.state.request_id, upstream_model="")
+    if data.max_completion_tokens is not None:
+        param, asked = "max_completion_tokens", data.max_completion_tokens
+    else:
+        param, asked = "max_tokens", data.max_tokens
+    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), param, asked)
     return await _serve(request, gateway, spec)
 
 
 @post("/v1/completions", status_code=200, summary="Create a text completion (OpenAI legacy).")
-async def completions(request: Request, state: State, data: S.CompletionRequest) -> Response:
+async def completions(request: Request, state: State) -> Response:
+    data = await _body(request, S.CompletionRequest)
     gateway = _gateway(state)
+    _authorize(request, data.model)
     check_completion(data, max_n=gateway.config.server.max_n)
     spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
+    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
     return await _serve(request, gateway, spec)
 
 
@@ -133,13 +171,16 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None
 @get("/v1/models", summary="List the models this gateway serves.")
 async def list_models(request: Request, state: State) -> Response:
     gateway = _gateway(state)
-    cards = [_card(gateway, name) for name in gateway.routes]
+    key: ClientKey | None = request.state.client_key
+    cards = [_card(gateway, name) for name in gateway.routes if key is None or key.may_use(name)]
     return Response(content=msgspec.json.encode(S.ModelList(data=cards)), media_type="application/json", headers=_headers(request))
 
 
 @get("/v1/models/{model_id:path}", summary="Describe one model.")
 async def get_model(request: Request, state: State, model_id: str) -> Response:
-    card = _card(_gateway(state), model_id.lstrip("/"))
+    name = model_id.lstrip("/")
+    _authorize(request, name)
+    card = _card(_gateway(state), name)
     return Response(content=msgspec.json.encode(card), media_type="application/json", headers=_headers(request))
 
 
@@ -149,20 +190,26 @@ def _card(gateway: Gateway, name: str) -> S.ModelCard:
     return S.ModelCard(id=name, created=gateway.created, owned_by=owner, max_model_len=max_model_len)
 
 
-def _resolve_for_tokens(gateway: Gateway, model: str | None, request_id: str) -> Resolved:
-    name = model or next(iter(gateway.routes), None)
+def _resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) -> Resolved:
+    key: ClientKey | None = request.state.client_key
+    name = model or next((r for r in gateway.routes if key is None or key.may_use(r)), None)
     if name is None:
         raise NotFound("No models are served.")
+    _authorize(request, name)
+    request_id = request.state.request_id
     probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=SamplingParams())
     return gateway.resolve(probe)
 
 
 @post("/tokenize", status_code=200, summary="Tokenize a prompt or chat messages (vLLM's shape).")
-async def tokenize(request: Request, state: State, data: S.TokenizeBody) -> Response:
+async def tokenize(request: Request, state: State) -> Response:
+    data = await _body(request, S.TokenizeBody)
     gateway = _gateway(state)
     if (data.prompt is None) == (data.messages is None):
         raise InvalidRequest("Send exactly one of `prompt` and `messages`.", param="prompt")
-    resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+    if data.messages is not None:
+        check_messages(len(data.messages), gateway.config.server.max_messages)
+    resolved = _resolve_for_tokens(request, gateway, data.model)
     chat = data.messages is not None
     result = await resolved.backend.tokenize(
         TokenizeRequest(
@@ -183,24 +230,28 @@ async def tokenize(request: Request, state: State, data: S.TokenizeBody) -> Resp
 
 
 @post("/detokenize", status_code=200, summary="Detokenize token ids (vLLM's shape).")
-async def detokenize(request: Request, state: State, data: S.DetokenizeBody) -> Response:
+async def detokenize(request: Request, state: State) -> Response:
+    data = await _body(request, S.DetokenizeBody)
     gateway = _gateway(state)
-    resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+    resolved = _resolve_for_tokens(request, gateway, data.model)
     text = await resolved.backend.detokenize(resolved.target.model, data.tokens)
     body = S.DetokenizeResponse(prompt=text)
     return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
 
 
 @post("/switchyard/render", status_code=200, summary="Show the prompt text and token ids a backend builds for a conversation.")
-async def render(request: Request, state: State, data: S.RenderBody) -> Response:
+async def render(request: Request, state: State) -> Response:
     """The template inspector: with `compare`, every target of the route side by side, and the
     index of the first token where they differ."""
+    data = await _body(request, S.RenderBody)
     gateway = _gateway(state)
+    check_messages(len(data.messages), gateway.config.server.max_messages)
     if data.compare:
+        _authorize(request, data.model)
         route, _ = gateway.model_card(data.model)
         targets = [(gateway.backends[t.backend], t.model) for t in route.targets]
     else:
-        resolved = _resolve_for_tokens(gateway, data.model, request.state.request_id)
+        resolved = _resolve_for_tokens(request, gateway, data.model)
         targets = [(resolved.backend, resolved.target.model)]
     messages = [msgspec.to_builtins(m) for m in data.messages]
     tools = msgspec.to_builtins(data.tools) if data.tools else None
@@ -235,7 +286,8 @@ async def health() -> Response:
 
 @get("/ready", summary="Readiness: at least one backend is healthy.")
 async def ready(state: State) -> Response:
-    if await _gateway(state).ready():
+    gateway = _gateway(state)
+    if not gateway.draining and await gateway.ready():
         return Response(content=b'{"status":"ready"}', media_type="application/json")
     return Response(content=b'{"status":"unavailable"}', status_code=503, media_type="application/json")
 
@@ -259,7 +311,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
             await gw.close()
 
     def on_app_init(app_config: AppConfig) -> AppConfig:
-        app_config.state = State({"api_keys": [k.encode() for k in config.server.api_keys]})
+        app_config.state = State({"keyring": KeyRing.from_config(config.server)})
         return app_config
 
     return Litestar(
@@ -267,7 +319,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         lifespan=[lifespan],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},
-        openapi_config=OpenAPIConfig(title="Switchyard", version="0.1.0", path="/schema"),
+        openapi_config=OpenAPIConfig(title="Switchyard", version="0.1.0", path="/schema", render_plugins=[SchemaPlugin()]),
         request_max_body_size=config.server.max_body_bytes,
         on_app_init=[on_app_init],
         logging_config=None,

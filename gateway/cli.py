@@ -19,7 +19,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.auth import Redactor, install_log_redaction
     from gateway.config import load_config
+    from gateway.serve import DRAIN_BACKSTOP_S, DrainingServer
 
     config = load_config(args.config)
     # everything check-config checks, before uvicorn: a bad backend option or strategy then stops
@@ -29,7 +31,8 @@ def _serve(args: argparse.Namespace) -> int:
     port = config.server.port if args.port is None else args.port
     logging.basicConfig(level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
-    uvicorn.run(
+    drain_s = config.server.drain_timeout_s if args.drain_seconds is None else args.drain_seconds
+    uv_config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -37,8 +40,11 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level=config.server.log_level,
         access_log=False,
-        timeout_graceful_shutdown=args.drain_seconds,
+        # a backstop only: the gateway itself ends every request at `drain_s`
+        timeout_graceful_shutdown=drain_s + DRAIN_BACKSTOP_S,
     )
+    install_log_redaction(Redactor.from_config(config))  # after uvicorn has set up its handlers
+    DrainingServer(uv_config, drain_s).run()
     return 0
 
 
@@ -139,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=DEFAULT_CONFIG, help="path to plugins.toml")
     serve.add_argument("--host", default=None, help="bind address (default: server.host)")
     serve.add_argument("--port", type=int, default=None, help="port (default: server.port)")
-    serve.add_argument("--drain-seconds", type=float, default=30.0, help="grace period for in-flight requests on SIGTERM")
+    serve.add_argument(
+        "--drain-seconds", type=float, default=None, help="grace period for requests in flight on SIGTERM (default: server.drain_timeout_s)"
+    )
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a plugins.toml and exit")

@@ -24,14 +24,38 @@ class _Config(Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+class KeyConfig(_Config):
+    """`[[server.keys]]`: one client API key, written here (`key`) or, better, named by the
+    environment variable that holds it (`key_env`), and the routes (model names) it may use."""
+
+    name: str | None = None  # a label for logs; never the key. Default: `keys[i]`
+    key: Annotated[str, Meta(min_length=1)] | None = None
+    key_env: Annotated[str, Meta(min_length=1)] | None = None
+    routes: list[str] | None = None  # None: every route; a list: only these model/route names
+
+    def __repr__(self) -> str:  # never show a key
+        return f"KeyConfig(name={self.name!r}, key={'***' if self.key else None}, key_env={self.key_env!r}, routes={self.routes!r})"
+
+
 class ServerConfig(_Config):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Meta(gt=0)] = 4 * 1024 * 1024
     # API keys clients must send as `Authorization: Bearer <key>`; empty means no auth. Also
-    # read from $SWITCHYARD_API_KEYS (comma-separated).
+    # read from $SWITCHYARD_API_KEYS (comma-separated). Keys with allowed routes: `keys`.
     api_keys: list[str] = []
+    keys: list[KeyConfig] = []
     max_n: Annotated[int, Meta(ge=1, le=128)] = 16
+    max_messages: Annotated[int, Meta(ge=1)] = 1024  # chat `messages` per request
+    # the most `max_tokens` (or `max_completion_tokens`) a request may ask for, and the value
+    # used when it asks for none; None: no cap. A route's own `max_tokens` overrides it.
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # a request's whole time, queueing included: 504 before the first byte, an error event
+    # after it. None: no deadline. A route's own `request_timeout_s` overrides it.
+    request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
+    # on SIGTERM: stop accepting, let requests in flight finish for this long, then end the
+    # rest with an error event (`switchyard serve --drain-seconds` overrides it)
+    drain_timeout_s: Annotated[float, Meta(ge=0.0)] = 30.0
     system_fingerprint: str = "fp_switchyard"
     log_level: str = "info"
     # JSONL request log for `switchyard ab-report`: one line per request; None: no log
@@ -45,6 +69,11 @@ class ServerConfig(_Config):
     breaker_failures: Annotated[int, Meta(ge=1)] = 3
     breaker_cooldown_s: Annotated[float, Meta(ge=0.0)] = 15.0
 
+    def __repr__(self) -> str:  # never show a key
+        shown = {f: getattr(self, f) for f in self.__struct_fields__}
+        shown["api_keys"] = ["***"] * len(self.api_keys)
+        return f"ServerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
 
 class PluginsConfig(_Config):
     # plugin names (built-in or entry point) that must not load
@@ -57,6 +86,17 @@ class BackendConfig(_Config):
     name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$")]
     type: str
     options: dict[str, Any] = {}
+    # admission control per backend: at most `max_concurrent` requests run at once (None: no
+    # limit); up to `max_queue` more wait for a slot, at most `queue_timeout_s`; beyond that
+    # the client gets 429 with `Retry-After` (or, on a fallback route, the next target)
+    max_concurrent: Annotated[int, Meta(ge=1)] | None = None
+    max_queue: Annotated[int, Meta(ge=0)] = 0
+    queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 30.0
+
+    def __repr__(self) -> str:  # never show an upstream key
+        options = {k: "***" if k == "api_key" and v else v for k, v in self.options.items()}
+        return (f"BackendConfig(name={self.name!r}, type={self.type!r}, options={options!r}, "
+                f"max_concurrent={self.max_concurrent!r}, max_queue={self.max_queue!r}, queue_timeout_s={self.queue_timeout_s!r})")
 
 
 class TargetConfig(_Config):
@@ -83,6 +123,8 @@ class RouteConfig(_Config):
     # first token are retried); default: every target for `fallback`, 1 for the other strategies
     max_attempts: Annotated[int, Meta(ge=1)] | None = None
     shadow: ShadowConfig | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
+    request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
 
 
 class Config(_Config):
@@ -136,6 +178,7 @@ def parse_config(text: str, source: str) -> Config:
         key, reason = _key_of(exc)
         raise ConfigError(f"{source}: {reason} at `{key}`", param=key) from None
     _check_names(config, source)
+    _check_keys(config, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
     return msgspec.structs.replace(config, server=server, source=source)
@@ -171,6 +214,20 @@ def _check_names(config: Config, source: str) -> None:
             raise ConfigError(
                 f"{source}: route {route.name!r} shadows to unknown backend {route.shadow.backend!r} "
                 f"at `routes[{i}].shadow.backend`"
+            )
+
+
+def _check_keys(config: Config, source: str) -> None:
+    """Each `[[server.keys]]` names its key exactly once, and a `key_env` is set (the message
+    names the variable, never a value)."""
+    for i, entry in enumerate(config.server.keys):
+        where = f"server.keys[{i}]"
+        if (entry.key is None) == (entry.key_env is None):
+            raise ConfigError(f"{source}: set exactly one of `key` and `key_env` at `{where}`", param=where)
+        if entry.key_env is not None and not os.environ.get(entry.key_env, "").strip():
+            raise ConfigError(
+                f"{source}: the environment variable {entry.key_env!r} named at `{where}.key_env` is not set",
+                param=f"{where}.key_env",
             )
 
 

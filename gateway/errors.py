@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable
 
 import msgspec
 from litestar import Request, Response
@@ -16,6 +17,7 @@ from litestar.exceptions import HTTPException, NotFoundException
 from litestar.exceptions import MethodNotAllowedException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from gateway.limits import DeadlineExceeded, ShuttingDown
 from gateway.schemas import ErrorBody, ErrorResponse
 from plugins import errors as E
 
@@ -30,6 +32,8 @@ ERROR_TABLE: dict[type[E.SwitchyardError], tuple[int, str]] = {
     E.NotFound: (404, "not_found_error"),
     E.RequestTooLarge: (413, "invalid_request_error"),
     E.Overloaded: (429, "rate_limit_error"),
+    ShuttingDown: (503, "service_unavailable_error"),
+    DeadlineExceeded: (504, "timeout_error"),
     E.ConfigError: (500, "server_error"),
     E.UpstreamError: (502, "upstream_error"),
     E.SwitchyardError: (500, "server_error"),
@@ -58,9 +62,12 @@ def _type_for_status(status: int) -> str:
     return "upstream_error" if status in (502, 503, 504) else "server_error"
 
 
-def error_payload(error: E.SwitchyardError) -> tuple[int, ErrorResponse]:
+def error_payload(error: E.SwitchyardError, redact: Callable[[str], str] | None = None) -> tuple[int, ErrorResponse]:
+    """The status and the OpenAI error object; `redact` scrubs secrets from the message (an
+    upstream's message is kept as it is, and an upstream may echo the key it was sent)."""
     status, kind = status_and_type(error)
-    body = ErrorBody(message=error.message, type=kind, param=error.param, code=error.code)
+    message = error.message if redact is None else redact(error.message)
+    body = ErrorBody(message=message, type=kind, param=error.param, code=error.code)
     return status, ErrorResponse(error=body)
 
 
@@ -112,8 +119,13 @@ def _count(request: Request, error_type: str) -> None:
         gateway.metrics.errors.labels(error_type).inc()
 
 
+def _redactor(request: Request) -> Callable[[str], str] | None:
+    gateway = getattr(request.app.state, "gateway", None)
+    return None if gateway is None else gateway.redact
+
+
 def _response(error: E.SwitchyardError, request: Request, status: int | None = None) -> Response:
-    code, payload = error_payload(error)
+    code, payload = error_payload(error, _redactor(request))
     _count(request, payload.error.type)
     status = code if status is None else status
     headers = {"x-request-id": request_id_of(request)}
@@ -121,6 +133,8 @@ def _response(error: E.SwitchyardError, request: Request, status: int | None = N
         headers["retry-after"] = str(max(1, round(error.retry_after_s)))
     if isinstance(error, E.AuthenticationFailed):
         headers["www-authenticate"] = "Bearer"
+    if isinstance(error, ShuttingDown):
+        headers["connection"] = "close"
     return Response(content=msgspec.json.encode(payload), status_code=status, media_type="application/json", headers=headers)
 
 

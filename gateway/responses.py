@@ -13,6 +13,7 @@ import msgspec
 
 from gateway import schemas as S
 from gateway.errors import error_payload
+from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
 from gateway.request_log import Attempt
 from gateway.service import (
@@ -63,6 +64,11 @@ class Observed:
     tried: list[Target] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     last_error: BaseException | None = None
+    deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
+    slot: BackendLimiter | None = None  # the backend slot the current attempt holds
+
+    def __post_init__(self) -> None:
+        self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
 
     def next_attempt(self) -> Resolved | None:
         """Pick the next target and start an attempt on it (hook, in-flight counts). None when
@@ -97,10 +103,34 @@ class Observed:
         assert self.resolved is not None
         return self.gateway.metrics.arm(self.plan.route.name, self.resolved.backend.name)
 
+    async def admit(self) -> None:
+        """Wait for a slot on the attempt's backend when it has `max_concurrent` (429 when its
+        queue is full)."""
+        limiter = self.gateway.limiters.get(self.resolved.backend.name)  # type: ignore[union-attr]
+        if limiter is not None:
+            await limiter.acquire(self.deadline)
+            self.slot = limiter
+
+    def start_pump(self) -> EventPump:
+        """The attempt's backend generation, in a pump the drain and the deadline can end."""
+        pump = EventPump(self.resolved.backend.generate(self.attempt_spec))  # type: ignore[union-attr,arg-type]
+        if self.deadline is not None:
+            pump.interrupt_at(self.deadline.at, self.deadline.error())
+        self.gateway.track(pump)
+        return pump
+
+    async def close_pump(self, pump: EventPump) -> None:
+        self.gateway.untrack(pump)
+        with anyio.CancelScope(shield=True):
+            await pump.close()
+
     def _leave(self) -> None:
         backend = self.resolved.backend.name  # type: ignore[union-attr]
         self.gateway.in_flight[backend] -= 1
         self.arm.in_flight.dec()  # type: ignore[union-attr]
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
 
     def may_retry(self, error: BaseException) -> bool:
         """After a failure before the first token: whether another target may be tried (the
@@ -174,11 +204,14 @@ async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
         resolved = observed.next_attempt()
         if resolved is None:
             raise observed.give_up()
-        pump = EventPump(resolved.backend.generate(observed.attempt_spec))  # type: ignore[arg-type]
+        pump: EventPump | None = None
         try:
+            await observed.admit()
+            pump = observed.start_pump()
             first = await pump.next_batch()
         except BaseException as exc:
-            await pump.close()
+            if pump is not None:
+                await observed.close_pump(pump)
             if observed.may_retry(exc):
                 continue
             observed.end(exc, first_token=False)
@@ -216,15 +249,14 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
         yield state.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
-        payload = error_payload(exc)[1]
+        payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
         yield error_event(payload) + DONE
     except BaseException as exc:
         error = exc
         raise
     finally:
-        with anyio.CancelScope(shield=True):
-            await pump.close()
+        await observed.close_pump(pump)
         observed.end(error)
 
 
@@ -320,15 +352,20 @@ async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
             raise observed.give_up()
         backend = resolved.backend.name
         choices = [_Choice() for _ in range(spec.sampling.n)]
-        events = resolved.backend.generate(observed.attempt_spec)  # type: ignore[arg-type]
+        pump: EventPump | None = None
         error: BaseException | None = None
         started = False
         try:
-            async for event in events:
+            await observed.admit()
+            pump = observed.start_pump()
+            batch = await pump.next_batch()
+            while batch is not None:
                 if not started:
                     started = True
                     observed.committed()
-                _collect_event(choices, event, observed)
+                for event in batch:
+                    _collect_event(choices, event, observed)
+                batch = await pump.next_batch()
             observed.usage = check_usage(observed.usage, backend)
             for i, choice in enumerate(choices):
                 if choice.finish_reason is None:
@@ -336,8 +373,8 @@ async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
         except BaseException as exc:
             error = exc
         finally:
-            with anyio.CancelScope(shield=True):
-                await events.aclose()  # type: ignore[attr-defined]
+            if pump is not None:
+                await observed.close_pump(pump)
         if error is None:
             observed.end(None)
             return Served(body=_build_response(gateway, spec, choices, observed.usage), backend=backend)  # type: ignore[arg-type]

@@ -19,6 +19,8 @@ TopP = Annotated[float, Meta(ge=0.0, le=1.0, description="Nucleus sampling mass,
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 NumChoices = Annotated[int, Meta(ge=1, le=128, description="Number of choices, 1–128.")]
 NonNegativeInt = Annotated[int, Meta(ge=0)]
+# a token id: engines hold ids in int32 tensors; a larger one could only crash them
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 Stop = str | Annotated[list[str], Meta(min_length=1, max_length=4)]
@@ -206,7 +208,7 @@ class SamplingFields(_Request, kw_only=True):
     skip_special_tokens: bool | None = None
     min_tokens: NonNegativeInt | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[NonNegativeInt] | None = None
+    stop_token_ids: list[TokenId] | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -247,7 +249,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
     # msgspec allows one array-like type per union, so the four OpenAI shapes (a string, strings,
     # token ids, lists of token ids) are one list of a union; `check_completion` rejects mixtures.
-    prompt: str | Annotated[list[str | NonNegativeInt | Annotated[list[NonNegativeInt], Meta(min_length=1)]], Meta(min_length=1)]
+    prompt: str | Annotated[list[str | TokenId | Annotated[list[TokenId], Meta(min_length=1)]], Meta(min_length=1)]
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool | None = None
     best_of: Annotated[int, Meta(ge=0, le=20)] | None = None
@@ -282,14 +284,15 @@ class RenderBody(_Request, kw_only=True):
 
 class DetokenizeBody(_Request, kw_only=True):
     model: str | None = None
-    tokens: list[NonNegativeInt]
+    tokens: list[TokenId]
 
 
 # -- responses ----------------------------------------------------------------------------------
 
 
-class _Response(Struct, kw_only=True):
-    pass
+class _Response(Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the gateway sends. Encoded, never decoded by the gateway: `forbid_unknown_fields`
+    only makes the published schema say that no other key appears."""
 
 
 class PromptTokensDetails(_Response, kw_only=True):
@@ -417,6 +420,70 @@ class RenderResponse(_Response, kw_only=True):
     renders: list[RenderedPrompt]
     # index of the first token where the renders differ; None when all are identical
     first_difference: int | None
+
+
+class HealthStatus(_Response, kw_only=True):
+    status: Literal["ok", "ready", "unavailable"]
+
+
+# -- stream chunks (written by `gateway/sse.py`; these structs describe them in the schema) -------
+
+
+class ChunkFunction(_Response, kw_only=True):
+    name: str | msgspec.UnsetType = msgspec.UNSET  # with a call's first fragment only
+    arguments: str
+
+
+class ChunkToolCall(_Response, kw_only=True):
+    index: int
+    id: str | msgspec.UnsetType = msgspec.UNSET  # with a call's first fragment only
+    type: Literal["function"] | msgspec.UnsetType = msgspec.UNSET
+    function: ChunkFunction
+
+
+class ChunkDelta(_Response, kw_only=True):
+    role: Literal["assistant"] | msgspec.UnsetType = msgspec.UNSET  # the first chunk of a choice
+    content: str | msgspec.UnsetType = msgspec.UNSET
+    tool_calls: list[ChunkToolCall] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ChatChunkChoice(_Response, kw_only=True):
+    index: int
+    delta: ChunkDelta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+
+
+class ChatCompletionChunk(_Response, kw_only=True):
+    """One `data:` event of a chat stream; the usage chunk has empty `choices`. `usage` is
+    present (null on the other chunks) only with `stream_options.include_usage`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str | None
+    choices: list[ChatChunkChoice]
+    usage: UsageBody | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class CompletionChunkChoice(_Response, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+
+
+class CompletionChunk(_Response, kw_only=True):
+    """One `data:` event of a legacy completions stream."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None
+    choices: list[CompletionChunkChoice]
+    usage: UsageBody | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorBody(_Response, kw_only=True):

@@ -20,7 +20,9 @@ from typing import Any
 import msgspec
 import pluggy
 
+from gateway.auth import Redactor
 from gateway.config import Config, ShadowConfig, resolve_backend_options
+from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.validation import check_capabilities
@@ -57,9 +59,12 @@ class RoutePlan:
     key_headers: tuple[str, ...] = ()  # client headers copied into spec.headers (lower case)
     key_api_key: bool = False  # hash the client's API key into spec.headers
     arms: Mapping[Target, str] = field(default_factory=dict)  # the request log's arm label per target
+    limits: RouteLimits = RouteLimits()
 
     @classmethod
-    def build(cls, route: Route, max_attempts: int | None = None, shadow: ShadowConfig | None = None) -> RoutePlan:
+    def build(
+        cls, route: Route, max_attempts: int | None = None, shadow: ShadowConfig | None = None, limits: RouteLimits = RouteLimits()
+    ) -> RoutePlan:
         backends = [t.backend for t in route.targets]
         unique = len(set(backends)) == len(backends)
         arms = {t: t.backend if unique else f"{t.backend}/{t.model}" for t in route.targets}
@@ -79,6 +84,7 @@ class RoutePlan:
             key_headers=headers,
             key_api_key=api_key,
             arms=arms,
+            limits=limits,
         )
 
     def arm(self, target: Target) -> str:
@@ -140,12 +146,23 @@ class Gateway:
     in_flight: dict[str, int] = field(default_factory=dict)  # per backend, for `least_busy`
     health: HealthMonitor = field(init=False)
     request_log: RequestLog | None = field(init=False, default=None)
+    limiters: dict[str, BackendLimiter] = field(init=False, default_factory=dict)  # backends with `max_concurrent`
+    redact: Redactor = field(init=False)  # scrubs every known secret from error messages
+    draining: bool = field(init=False, default=False)  # SIGTERM came: no new requests
+    _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
     _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
+    _cut: asyncio.TimerHandle | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self._in_flight_view = MappingProxyType(self.in_flight)
         server = self.config.server
+        self.redact = Redactor.from_config(self.config)
+        for cfg in self.config.backends:
+            if cfg.max_concurrent is not None and cfg.name in self.backends:
+                self.limiters[cfg.name] = BackendLimiter(
+                    cfg.name, max_concurrent=cfg.max_concurrent, max_queue=cfg.max_queue, queue_timeout_s=cfg.queue_timeout_s
+                )
         self.health = HealthMonitor(
             self.backends,
             interval_s=server.health_interval_s,
@@ -163,7 +180,20 @@ class Gateway:
         by_name = {r.name: r for r in self.config.routes}
         for name, route in self.routes.items():
             cfg = by_name.get(name)
-            self.plans[name] = RoutePlan.build(route, cfg.max_attempts if cfg else None, cfg.shadow if cfg else None)
+            if cfg is None:
+                self.plans[name] = RoutePlan.build(route, limits=self.default_limits)
+                continue
+            limits = RouteLimits(
+                max_tokens=cfg.max_tokens or server.max_tokens,
+                request_timeout_s=cfg.request_timeout_s or server.request_timeout_s,
+            )
+            self.plans[name] = RoutePlan.build(route, cfg.max_attempts, cfg.shadow, limits)
+
+    @property
+    def default_limits(self) -> RouteLimits:
+        """The limits of a model served under its own name (no `[[routes]]` table)."""
+        server = self.config.server
+        return RouteLimits(max_tokens=server.max_tokens, request_timeout_s=server.request_timeout_s)
 
     @classmethod
     def from_config(cls, config: Config) -> Gateway:
@@ -189,9 +219,11 @@ class Gateway:
                 if info.id not in self.routes:
                     route = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
                     self.routes[info.id] = route
-                    self.plans[info.id] = RoutePlan.build(route)
+                    self.plans[info.id] = RoutePlan.build(route, limits=self.default_limits)
 
     async def close(self) -> None:
+        if self._cut is not None:
+            self._cut.cancel()
         await self.health.close()
         shadows = list(self._shadows)
         for task in shadows:
@@ -220,8 +252,42 @@ class Gateway:
             route = self.routes.get(model)
             if route is None:
                 raise ModelNotFound(model)
-            plan = self.plans[model] = RoutePlan.build(route)
+            plan = self.plans[model] = RoutePlan.build(route, limits=self.default_limits)
         return plan
+
+    def limits_for(self, model: str) -> RouteLimits:
+        plan = self.plans.get(model)
+        return self.default_limits if plan is None else plan.limits
+
+    # -- draining ------------------------------------------------------------------------------
+
+    def track(self, pump: EventPump) -> None:
+        self._pumps.add(pump)
+
+    def untrack(self, pump: EventPump) -> None:
+        self._pumps.discard(pump)
+
+    def begin_drain(self, grace_s: float) -> None:
+        """SIGTERM: refuse new requests (503); requests in flight may finish for `grace_s`,
+        then `cut_in_flight` ends the rest. A second call cuts at once."""
+        if self.draining:
+            self.cut_in_flight()
+            return
+        self.draining = True
+        log.info("draining: %d requests in flight get %g s to finish", len(self._pumps), grace_s)
+        self._cut = asyncio.get_running_loop().call_later(grace_s, self.cut_in_flight)
+
+    def cut_in_flight(self) -> None:
+        """End every request still running: streams with an error event, the others with 503."""
+        if self._cut is not None:
+            self._cut.cancel()
+            self._cut = None
+        if self._pumps:
+            log.warning("drain period over: ending %d requests still in flight", len(self._pumps))
+        for pump in list(self._pumps):
+            pump.interrupt(ShuttingDown("The server shut down before the request completed."))
+        for limiter in self.limiters.values():
+            limiter.fail_waiters(ShuttingDown())
 
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
@@ -364,6 +430,10 @@ class Gateway:
         if not self.health.can_route(shadow.backend):
             self.metrics.shadow_skipped.labels(route, shadow.backend, "circuit_open").inc()
             return
+        limiter = self.limiters.get(shadow.backend)
+        if limiter is not None and not limiter.can_admit_now():
+            self.metrics.shadow_skipped.labels(route, shadow.backend, "at_capacity").inc()
+            return
         backend = self.backends[shadow.backend]
         copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
         try:
@@ -380,6 +450,10 @@ class Gateway:
         timer = RequestTimer()
         usage: Usage | None = None
         error: BaseException | None = None
+        limiter = self.limiters.get(backend.name)
+        if limiter is not None and not limiter.try_acquire():
+            self.metrics.shadow_skipped.labels(plan.route.name, backend.name, "at_capacity").inc()
+            return
         self.in_flight[backend.name] = self.in_flight.get(backend.name, 0) + 1
         events = backend.generate(spec)
         try:
@@ -392,6 +466,8 @@ class Gateway:
             error = exc
         finally:
             self.in_flight[backend.name] -= 1
+            if limiter is not None:
+                limiter.release()
             try:
                 await events.aclose()  # type: ignore[attr-defined]
             except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise
@@ -418,6 +494,21 @@ class EventPump:
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._timer: asyncio.TimerHandle | None = None
+
+    def interrupt_at(self, when: float, error: BaseException) -> None:
+        """`interrupt(error)` at loop time `when` (a request deadline), unless closed first."""
+        self._timer = asyncio.get_running_loop().call_at(when, self.interrupt, error)
+
+    def interrupt(self, error: BaseException) -> None:
+        """End the stream with `error`: the consumer gets the events already here, then
+        `error`; the backend's iterator is cancelled (which aborts its request)."""
+        if self._done:
+            return
+        self._error = error
+        self._done = True
+        self._task.cancel()
+        self._wake()
 
     async def _run(self) -> None:
         try:
@@ -427,7 +518,8 @@ class EventPump:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # handed to the consumer, who raises it
-            self._error = exc
+            if not self._done:  # not after `interrupt`, whose error stands
+                self._error = exc
         finally:
             self._done = True
             self._wake()
@@ -452,6 +544,8 @@ class EventPump:
         return batch
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if not self._task.done():
             self._task.cancel()
             try:

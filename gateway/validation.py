@@ -94,8 +94,11 @@ def _check_tools(req: S.ChatCompletionRequest) -> None:
         names = {t.function.name for t in req.tools}
         if choice.function.name not in names:
             raise _fail(f"`tool_choice` names function {choice.function.name!r}, which is not in `tools`.", "tool_choice")
+    if isinstance(choice, S.NamedToolChoice) or choice == "required":
+        # the tool call's own schema constrains the output; a second constraint cannot also hold
         if req.structured_outputs is not None:
-            raise _fail("`structured_outputs` cannot be combined with a named `tool_choice`.", "structured_outputs")
+            which = "a named `tool_choice`" if isinstance(choice, S.NamedToolChoice) else "`tool_choice` 'required'"
+            raise _fail(f"`structured_outputs` cannot be combined with {which}.", "structured_outputs")
 
 
 def _describe(choice: Any) -> str:
@@ -153,7 +156,7 @@ def check_capabilities(spec: RequestSpec, caps: Capabilities, backend: str) -> N
     """Refuse what the chosen backend cannot do, before anything is sent to it."""
     for name in sorted(spec.extensions - caps.extensions):
         raise _fail(f"`{name}` is not supported by backend `{backend}`.", name)
-    if spec.response_format and spec.response_format.get("type") != "text" and "structured_outputs" not in caps.extensions:
+    if spec.response_format and spec.response_format.get("type") != "text" and not caps.supports_response_format:
         raise _fail(f"JSON `response_format` is not supported by backend `{backend}`.", "response_format")
     if spec.tools and not caps.supports_tools:
         raise _fail(f"`tools` are not supported by backend `{backend}`.", "tools")
@@ -203,6 +206,18 @@ def _builtins(value: Any) -> Any:
     return None if value is None else msgspec.to_builtins(value)
 
 
+def _typed(item: dict[str, Any]) -> dict[str, Any]:
+    """A tool, tool call or named tool choice with its `type` (a default the request structs leave
+    out when encoding; chat templates and upstream servers such as llama-server expect it)."""
+    return {"type": "function", **item}
+
+
+def _typed_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("tool_calls"):
+        message["tool_calls"] = [_typed(call) for call in message["tool_calls"]]
+    return message
+
+
 def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str) -> RequestSpec:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     continue_final = bool(req.continue_final_message)
@@ -214,7 +229,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         model=req.model,
         upstream_model=upstream_model,
         sampling=sampling_params(req, max_tokens=max_tokens, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0),
-        messages=[msgspec.to_builtins(m) for m in req.messages],
+        messages=[_typed_tool_calls(msgspec.to_builtins(m)) for m in req.messages],
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         continuous_usage_stats=bool(req.stream_options and req.stream_options.continuous_usage_stats),
@@ -223,8 +238,8 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         chat_template_kwargs=req.chat_template_kwargs,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final,
-        tools=_builtins(req.tools),
-        tool_choice=tool_choice if isinstance(tool_choice, str) or tool_choice is None else msgspec.to_builtins(tool_choice),
+        tools=None if req.tools is None else [_typed(t) for t in msgspec.to_builtins(req.tools)],
+        tool_choice=tool_choice if isinstance(tool_choice, str) or tool_choice is None else _typed(msgspec.to_builtins(tool_choice)),
         parallel_tool_calls=req.parallel_tool_calls,
         response_format=_builtins(req.response_format),
         structured_outputs=_builtins(req.structured_outputs),

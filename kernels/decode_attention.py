@@ -16,7 +16,6 @@ import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kernels._checks import (
@@ -199,10 +198,19 @@ def _check_args(
     )
 
 
-def gather_blocks(cache: Tensor, block_ids: Tensor) -> Tensor:
-    """cache: [num_blocks, block_size, Hkv, D], block_ids: [..., n] -> [..., n * block_size, Hkv, D]."""
-    gathered = cache[block_ids]  # [..., n, block_size, Hkv, D]
-    return gathered.flatten(-4, -3)
+def gather_heads(cache: Tensor, block_ids: Tensor) -> Tensor:
+    """cache: [num_blocks, block_size, Hkv, D], block_ids: [n] int64 -> [Hkv, n * block_size, D],
+    float32, contiguous: the positions of the listed blocks, in order, per kv head.
+
+    Fast when the cache's storage is head-major (`cache.permute(2, 0, 1, 3)` contiguous, as the
+    engine allocates it): one `index_select` of whole [block_size, D] slabs. Any other layout
+    costs one more copy (gather the blocks, then move the heads first)."""
+    heads_first = cache.permute(2, 0, 1, 3)  # [Hkv, num_blocks, block_size, D]
+    if heads_first.is_contiguous():
+        gathered = heads_first.index_select(1, block_ids)  # [Hkv, n, block_size, D]
+    else:
+        gathered = cache.index_select(0, block_ids).permute(2, 0, 1, 3).contiguous()
+    return gathered.view(cache.shape[2], -1, cache.shape[3]).float()
 
 
 def paged_attention_decode_reference(
@@ -214,10 +222,16 @@ def paged_attention_decode_reference(
     scale: float,
 ) -> Tensor:
     """q: [B, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks];
-    seq_lens: [B] -> [B, Hq, D] in q's dtype. float32 math; one batched SDPA call."""
+    seq_lens: [B] -> [B, Hq, D] in q's dtype. float32 math.
+
+    Two batched matmuls over the gathered, padded context with a masked softmax between them,
+    batched over (kv head, sequence). The Hq // Hkv query heads of a kv head are the rows of one
+    matrix, so K/V are read once per group and never expanded.
+    """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    batch = q.shape[0]
-    block_size = k_cache.shape[1]
+    batch, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
     if batch == 0:
         return torch.empty_like(q)
     max_len = int(seq_lens.max())
@@ -227,20 +241,19 @@ def paged_attention_decode_reference(
             f"seq_lens up to {max_len} need {num_blocks} blocks, block_tables has "
             f"{block_tables.shape[1]} columns"
         )
+    length = num_blocks * block_size
     used = torch.arange(num_blocks, device=q.device) < (seq_lens[:, None] + block_size - 1) // block_size
-    block_ids = torch.where(used, block_tables[:, :num_blocks], 0).long()  # [B, nb]; junk -> 0
-    k = gather_blocks(k_cache, block_ids)[:, :max_len].float()  # [B, L, Hkv, D]
-    v = gather_blocks(v_cache, block_ids)[:, :max_len].float()  # [B, L, Hkv, D]
-    visible = torch.arange(max_len, device=q.device) < seq_lens[:, None]  # [B, L]
-    out = F.scaled_dot_product_attention(
-        q.float().unsqueeze(2),  # [B, Hq, 1, D]
-        k.transpose(1, 2),  # [B, Hkv, L, D]
-        v.transpose(1, 2),
-        attn_mask=visible[:, None, None, :],  # [B, 1, 1, L]
-        scale=scale,
-        enable_gqa=True,
-    )  # [B, Hq, 1, D]
-    return out.squeeze(2).to(q.dtype)
+    block_ids = torch.where(used, block_tables[:, :num_blocks], 0).reshape(-1).long()  # [B * nb]; junk -> 0
+    k = gather_heads(k_cache, block_ids).view(num_kv_heads * batch, length, head_dim)  # [Hkv * B, L, D]
+    v = gather_heads(v_cache, block_ids).view(num_kv_heads * batch, length, head_dim)
+    rows = q.float().view(batch, num_kv_heads, group, head_dim).transpose(0, 1)  # [Hkv, B, G, D]
+    rows = rows.reshape(num_kv_heads * batch, group, head_dim)
+    scores = torch.bmm(rows, k.transpose(1, 2)).mul_(scale)  # [Hkv * B, G, L]
+    hidden = torch.arange(length, device=q.device) >= seq_lens[:, None]  # [B, L]
+    scores.view(num_kv_heads, batch, group, length).masked_fill_(hidden[None, :, None, :], float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv * B, G, D]
+    out = out.view(num_kv_heads, batch, group, head_dim).transpose(0, 1)  # [B, Hkv, G, D]
+    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
 
 
 def dot_config(q: Tensor) -> tuple[object, str]:

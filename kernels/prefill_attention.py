@@ -18,12 +18,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kernels._checks import check_same_device, check_size, check_tensor, check_unit_last_stride
 from kernels._launch import launchable, next_power_of_2
-from kernels.decode_attention import check_paged_kv, dot_config, gather_blocks
+from kernels.decode_attention import check_paged_kv, dot_config, gather_heads
 
 try:
     import triton
@@ -159,11 +158,15 @@ def paged_attention_prefill_reference(
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks];
     cu_seqlens_q: [B + 1]; seq_lens: [B] -> [T, Hq, D] in q's dtype.
 
-    One SDPA call per sequence in float32. Unlike the kernel it reads the lengths on the host,
-    so it also checks them: ValueError if they disagree with q or with each other.
+    Per sequence, float32 matmuls with a causal mask; the Hq // Hkv query heads of a kv head are
+    stacked as rows of one matrix, so K/V are never expanded. Unlike the kernel it reads the
+    lengths on the host, so it also checks them: ValueError if they disagree with q or with each
+    other.
     """
     _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
-    block_size = k_cache.shape[1]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_q_heads // num_kv_heads
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     if cu[0] != 0 or cu[-1] != q.shape[0]:
@@ -184,19 +187,19 @@ def paged_attention_prefill_reference(
                 f"block_tables has {block_tables.shape[1]} columns"
             )
         block_ids = block_tables[b, :num_blocks].long()  # [nb]
-        k = gather_blocks(k_cache, block_ids)[:seq_len].float().transpose(0, 1)  # [Hkv, S, D]
-        v = gather_blocks(v_cache, block_ids)[:seq_len].float().transpose(0, 1)  # [Hkv, S, D]
-        qb = q[cu[b] : cu[b + 1]].float().transpose(0, 1)  # [Hq, q_len, D]
-        if q_len == seq_len:
-            mask, causal = None, True
-        else:
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [q_len]
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, S]
-            causal = False
-        ob = F.scaled_dot_product_attention(
-            qb, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
-        )  # [Hq, q_len, D]
-        out[cu[b] : cu[b + 1]] = ob.transpose(0, 1)
+        k = gather_heads(k_cache, block_ids)[:, :seq_len]  # [Hkv, S, D]
+        v = gather_heads(v_cache, block_ids)[:, :seq_len]  # [Hkv, S, D]
+        # the G query heads of a kv head, all positions, as the rows of one matrix: [Hkv, G * q_len, D]
+        qb = q[cu[b] : cu[b + 1]].float().reshape(q_len, num_kv_heads, group, head_dim)
+        qb = qb.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
+        scores = torch.bmm(qb, k.transpose(1, 2)).mul_(scale)  # [Hkv, G * q_len, S]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [q_len]
+        future = torch.arange(seq_len, device=q.device)[None, :] > q_pos[:, None]  # [q_len, S]
+        scores.view(num_kv_heads, group, q_len, seq_len).masked_fill_(future, float("-inf"))
+        ob = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv, G * q_len, D]
+        out[cu[b] : cu[b + 1]] = ob.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).reshape(
+            q_len, num_q_heads, head_dim
+        )
     return out
 
 

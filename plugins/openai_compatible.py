@@ -32,6 +32,9 @@ class OpenAICompatibleOptions(ProxyOptions):
     """- `extensions`: the vLLM-style fields this server honours (default none).
     - `max_n`: the most choices per request it serves (default: no limit of its own).
     - `tools`, `logprobs`, `completions`: whether it serves tools, logprobs, /v1/completions.
+    - `response_format`: whether it honours OpenAI's JSON `response_format` (json_object /
+      json_schema; a hosted OpenAI API does). vLLM's `structured_outputs` is separate: list it in
+      `extensions` for a server that takes it.
     - `health_path`: probed with GET; 200 means healthy.
     - `max_tokens_field`: `max_tokens` or `max_completion_tokens` (OpenAI's newer models take
       only the latter)."""
@@ -39,6 +42,7 @@ class OpenAICompatibleOptions(ProxyOptions):
     extensions: list[str] = []
     max_n: int | None = None
     tools: bool = True
+    response_format: bool = True
     logprobs: bool = True
     completions: bool = True
     health_path: str = "/health"
@@ -65,6 +69,7 @@ class OpenAICompatibleBackend(ProxyBackend):
             max_model_len=self._max_model_len,
             max_n=self.max_n,
             supports_tools=self.options.tools,
+            supports_response_format=self.options.response_format,
             supports_logprobs=self.options.logprobs,
             supports_completions=self.options.completions,
         )

@@ -160,6 +160,9 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int | None = None
     max_n: int | None = None  # None: no limit beyond the gateway's own
     supports_tools: bool = False
+    # OpenAI's JSON `response_format` (json_object / json_schema), apart from vLLM's
+    # `structured_outputs` extension: a hosted OpenAI API honours the one, not the other
+    supports_response_format: bool = False
     supports_logprobs: bool = False
     supports_completions: bool = True
 

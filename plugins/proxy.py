@@ -17,7 +17,8 @@ Design points:
 - The client never sees an upstream's id, `created`, `model`, `system_fingerprint`, vLLM's
   `stop_reason`/`token_ids`, llama.cpp's `timings`, or the upstream role chunk (the gateway
   writes its own): only TextDelta / ToolCallDelta / Finish / Usage come out. Empty deltas are
-  dropped. `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
+  dropped. Tool calls come out in one shape whatever the upstream sent: a call's first delta
+  carries its id and function name, later ones only argument text. `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
   llama.cpp's `timings.cache_n`.
 - Every sampling value is sent explicitly (the gateway fills OpenAI defaults into
   `RequestSpec.sampling`), so a server's own defaults (llama.cpp: temperature 0.8, top_k 40,
@@ -33,7 +34,8 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import httpx
@@ -278,7 +280,11 @@ class StreamNormalizer:
     llama.cpp's `choices: []` chunk, llama.cpp's last /v1/completions chunk) comes out once, by
     `finish()`, after the stream ended."""
 
-    def __init__(self, *, kind: str, n: int, backend: str, spec: RequestSpec | None = None) -> None:
+    def __init__(self, *, kind: str, n: int, backend: str, spec: RequestSpec | None = None,
+                 content_calls: Callable[[], Any] | None = None) -> None:
+        """`content_calls`: for a tool_choice the gateway enforced itself with a grammar, a
+        factory of the `builtin_engine.tool_parsers` parser that reads the upstream's content
+        as tool calls (one per choice)."""
         self.chat = kind == "chat"
         self.n = n
         self.backend = backend
@@ -286,6 +292,9 @@ class StreamNormalizer:
         self.finished: set[int] = set()
         self.usage: Usage | None = None
         self.done = False  # `data: [DONE]` seen
+        self.tool_named: dict[tuple[int, int], bool] = {}  # (choice, tool index) -> its name went out
+        self.content_calls = content_calls
+        self.content_parsers: dict[int, Any] = {}
 
     def feed_data(self, data: str) -> list[Event]:
         if data == "[DONE]":
@@ -301,6 +310,16 @@ class StreamNormalizer:
         return self.feed(obj)
 
     def feed(self, obj: dict) -> list[Event]:
+        """One chunk's events. A chunk of the wrong shape (`choices` not a list of objects, a
+        token count that is not a number...) is the upstream's fault like bad JSON is: an
+        `UpstreamError`, never a TypeError escaping as a 500 or cutting a stream short."""
+        try:
+            return self._feed(obj)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise UpstreamError(f"Backend `{self.backend}` sent a chunk of an unexpected shape "
+                                f"({type(exc).__name__}: {exc}).", kind="bad_gateway") from None
+
+    def _feed(self, obj: dict) -> list[Event]:
         if "error" in obj and not obj.get("choices"):
             raise map_upstream_error(_status_of_error_event(obj), obj, backend=self.backend, spec=self.spec)
         events: list[Event] = []
@@ -313,23 +332,71 @@ class StreamNormalizer:
             if self.chat:
                 delta = choice.get("delta") or choice.get("message") or {}
                 text = delta.get("content")
-                for call in delta.get("tool_calls") or ():
-                    fn = call.get("function") or {}
-                    events.append(ToolCallDelta(tool_index=call.get("index", 0), arguments=fn.get("arguments") or "",
-                                                id=call.get("id"), name=fn.get("name"), index=index))
+                events += self._tool_calls(index, delta.get("tool_calls"))
             else:
                 text = choice.get("text")
             logprobs = _logprobs(choice.get("logprobs"))
+            reason = choice.get("finish_reason")
+            if self.chat and self.content_calls is not None:
+                text = self._content_calls(index, text or "", events, ended=bool(reason))
             if text or logprobs:
                 events.append(TextDelta(text=text or "", index=index, logprobs=logprobs))
-            reason = choice.get("finish_reason")
             if reason:
-                events.append(Finish(reason=self._reason(reason), index=index))  # type: ignore[arg-type]
+                reason = self._reason(reason)
+                parser = self.content_parsers.get(index)
+                if reason == "stop" and parser is not None and parser.num_calls and parser.calls_finish_as_tool_calls:
+                    reason = "tool_calls"
+                events.append(Finish(reason=reason, index=index))  # type: ignore[arg-type]
                 self.finished.add(index)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage = usage_from(usage, obj.get("timings"))
         return events
+
+    def _content_calls(self, index: int, text: str, events: list[Event], *, ended: bool) -> str:
+        """Content read as tool calls (`content_calls`): the calls go into `events`; what is
+        left as content is returned."""
+        parser = self.content_parsers.get(index)
+        if parser is None:
+            assert self.content_calls is not None
+            parser = self.content_parsers[index] = self.content_calls()
+        pieces = (parser.feed(text) if text else []) + (parser.finish() if ended else [])
+        content = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                content.append(piece)
+            else:
+                events.append(ToolCallDelta(tool_index=piece.tool_index, arguments=piece.arguments, id=piece.id,
+                                            name=piece.name, index=index))
+        return "".join(content)
+
+    def _tool_calls(self, index: int, calls: Any) -> list[ToolCallDelta]:
+        """Upstream tool-call deltas in one shape: a call's first delta carries its id (made up
+        when the upstream sent none) and function name, later ones only argument text (ids and
+        names an upstream repeats are dropped). A whole message's calls have no `index`: their
+        position is it."""
+        out: list[ToolCallDelta] = []
+        for position, call in enumerate(calls if isinstance(calls, list) else ()):
+            if not isinstance(call, dict):
+                continue
+            tool_index = call.get("index")
+            tool_index = tool_index if isinstance(tool_index, int) else position
+            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            args = fn.get("arguments")
+            if args is not None and not isinstance(args, str):  # an object instead of its JSON text
+                args = _json_encode(args).decode()
+            name = fn.get("name") if isinstance(fn.get("name"), str) else None
+            key = (index, tool_index)
+            if key not in self.tool_named:
+                self.tool_named[key] = bool(name)
+                call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
+                out.append(ToolCallDelta(tool_index=tool_index, arguments=args or "",
+                                         id=call_id or f"call_{uuid.uuid4().hex[:24]}", name=name or None, index=index))
+            elif args or (name and not self.tool_named[key]):
+                send_name = name if name and not self.tool_named[key] else None
+                self.tool_named[key] = self.tool_named[key] or bool(name)
+                out.append(ToolCallDelta(tool_index=tool_index, arguments=args or "", name=send_name, index=index))
+        return out
 
     def feed_response(self, obj: dict) -> list[Event]:
         """A whole non-streamed `chat.completion` / `text_completion` object (`message` is
@@ -444,12 +511,17 @@ class ProxyBackend:
             max_model_len=self._max_model_len,
             max_n=self.max_n,
             supports_tools=self.supports_tools(),
+            supports_response_format=self.supports_response_format(),
             supports_logprobs=True,
             supports_completions=True,
         )
 
     def supports_tools(self) -> bool:
         return False
+
+    def supports_response_format(self) -> bool:
+        """JSON `response_format` (vLLM and llama.cpp honour it)."""
+        return True
 
     def upstream_name(self, model: str) -> str:
         return self.options.models.get(model, model)
@@ -591,6 +663,12 @@ class ProxyBackend:
     def translate_chat(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:
         return body
 
+    def content_calls(self, spec: RequestSpec) -> Callable[[], Any] | None:
+        """When this backend enforces a request's tool_choice with a grammar of its own (the
+        upstream answers in plain content), the factory of the parser that reads the content as
+        tool calls; None when the upstream returns tool calls itself."""
+        return None
+
     def translate_completion(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:
         return body
 
@@ -614,7 +692,8 @@ class ProxyBackend:
             if response.status_code != 200:
                 raw = await self._read_capped(response, deadline)
                 raise error_from_body(response.status_code, raw, backend=self.name, spec=spec)
-            norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec)
+            norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec,
+                                    content_calls=self.content_calls(spec))
             ctype = response.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
                 raw = await self._read_capped(response, deadline, limit=None)

@@ -10,3 +10,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest_plugins = ["tests.fixtures_models"]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", help="long modes of the fuzz and load tests (= SWITCHYARD_LONG=1)")
+
+
+def pytest_configure(config):
+    if config.getoption("--long"):
+        os.environ["SWITCHYARD_LONG"] = "1"  # read by tests/fuzz and tests/load at import

@@ -78,7 +78,7 @@ def test_engine_knows_every_protocol_sampling_field() -> None:
     from builtin_engine.sampling_params import SamplingParams as EngineParams
 
     protocol = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)}
-    engine = {f.name: f.default for f in dataclasses.fields(EngineParams)}
+    engine = {f.name: f.default for f in dataclasses.fields(EngineParams) if f.name != "grammar"}  # engine-only
     assert protocol == engine
 
 
@@ -90,7 +90,7 @@ def test_protocol_models_health_capabilities(backend: BuiltinBackend) -> None:
     caps = backend.capabilities()
     assert caps.reports_cached_tokens and caps.supports_logprobs and caps.max_model_len == 2048
     assert {"top_k", "min_p", "priority", "chat_template_kwargs", "stop_token_ids"} <= caps.extensions
-    assert "structured_outputs" not in caps.extensions
+    assert "structured_outputs" in caps.extensions and caps.supports_response_format and caps.supports_tools
 
 
 def test_events_order_and_usage(backend: BuiltinBackend) -> None:

@@ -141,7 +141,7 @@ def test_step_thread_async_api_abort_and_shutdown(make_engine) -> None:  # noqa:
 def test_crash_in_step_fails_requests_and_liveness(make_engine) -> None:  # noqa: ANN001
     engine = make_engine()
 
-    def boom(chunks) -> None:  # noqa: ANN001
+    def boom(chunks, **kwargs) -> None:  # noqa: ANN001, ANN003
         raise RuntimeError("kaboom")
 
     engine.runner.execute = boom

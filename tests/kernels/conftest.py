@@ -36,7 +36,20 @@ if not isinstance(norm._rms_norm_kernel, InterpretedFunction):
     )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_backend_choice():
+    """kernels caches its reading of SWITCHYARD_KERNELS: each test starts and ends without it."""
+    import kernels
+
+    kernels.reset_backend()
+    yield
+    kernels.reset_backend()
+
+
 @pytest.fixture
 def force_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     """Route kernels.* calls to the Triton wrappers (interpreted on CPU tensors)."""
+    import kernels
+
     monkeypatch.setenv("SWITCHYARD_KERNELS", "triton")
+    kernels.reset_backend()

@@ -80,6 +80,20 @@ def test_strided_query() -> None:
     assert_close(out, expected, "attention")
 
 
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same cache as a view of head-major storage, the layout the engine allocates."""
+    return cache.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+
+
+@pytest.mark.parametrize("impl", [paged_attention_decode_reference, paged_attention_decode_triton])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_major_cache_storage(impl, dtype: torch.dtype) -> None:
+    q, k_cache, v_cache, tables, seq_lens, scale = _case(32, 4, dtype, seed=4)
+    expected = paged_attention_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale)
+    out = impl(q, head_major(k_cache), head_major(v_cache), tables, seq_lens, scale)
+    assert_close(out, expected, "attention")
+
+
 @pytest.mark.parametrize("impl", [paged_attention_decode_triton, paged_attention_decode_reference])
 def test_bad_arguments_are_named(impl) -> None:
     q, k_cache, v_cache, tables, seq_lens, scale = _case(32, 2, torch.float32, seq_lens=[3, 5])

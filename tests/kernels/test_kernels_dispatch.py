@@ -91,6 +91,7 @@ def test_forced_triton_matches_reference_through_the_dispatch(monkeypatch) -> No
     results = {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv("SWITCHYARD_KERNELS", backend)
+        kernels.reset_backend()
         calls = _tiny_calls()
         outputs = [getattr(kernels, name)(*args) for name, _, _, args in calls]
         results[backend] = torch.utils._pytree.tree_leaves((outputs, [c[3] for c in calls]))
@@ -103,6 +104,19 @@ def test_forced_triton_matches_reference_through_the_dispatch(monkeypatch) -> No
 def test_auto_picks_triton_for_cuda_tensors() -> None:
     assert kernels._use_triton(SimpleNamespace(is_cuda=True))
     assert not kernels._use_triton(torch.zeros(1))
+
+
+def test_backend_choice_is_read_once_until_reset(monkeypatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_KERNELS", "torch")
+    reference_calls = _spy(monkeypatch, norm, "rms_norm_reference")
+    kernels.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-6)
+    monkeypatch.setenv("SWITCHYARD_KERNELS", "triton")  # not seen: the choice is kept
+    kernels.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-6)
+    assert reference_calls == ["rms_norm_reference"] * 2
+    kernels.reset_backend()
+    triton_calls = _spy(monkeypatch, norm, "rms_norm_triton")
+    kernels.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-6)
+    assert triton_calls == ["rms_norm_triton"]
 
 
 def test_unknown_backend_is_rejected(monkeypatch) -> None:
@@ -120,6 +134,7 @@ out = kernels.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6)
 assert torch.allclose(out, torch.ones(2, 8), atol=1e-5)
 import os
 os.environ["SWITCHYARD_KERNELS"] = "triton"
+kernels.reset_backend()
 try:
     kernels.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6)
 except ModuleNotFoundError as exc:

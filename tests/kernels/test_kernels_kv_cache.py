@@ -29,6 +29,22 @@ def test_writes_each_token_to_its_slot(impl, dtype, head_dim, num_kv_heads) -> N
 
 
 @pytest.mark.parametrize("impl", [reshape_and_cache_triton, reshape_and_cache_reference])
+def test_head_major_cache_storage(impl) -> None:
+    """The engine's caches are views of [Hkv, num_blocks, block_size, D] storage."""
+    g = torch.Generator().manual_seed(4)
+    num_blocks, block_size, num_kv_heads, head_dim, num_tokens = 6, 16, 3, 32, 20
+    storage = torch.randn(2, num_kv_heads, num_blocks, block_size, head_dim, generator=g)
+    k_cache, v_cache = storage[0].permute(1, 2, 0, 3), storage[1].permute(1, 2, 0, 3)
+    k, v = (torch.randn(num_tokens, num_kv_heads, head_dim, generator=g) for _ in range(2))
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    expected_k, expected_v = k_cache.contiguous(), v_cache.contiguous()
+    expected_k.view(-1, num_kv_heads, head_dim)[slots] = k
+    expected_v.view(-1, num_kv_heads, head_dim)[slots] = v
+    impl(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("impl", [reshape_and_cache_triton, reshape_and_cache_reference])
 def test_bad_arguments_are_named(impl) -> None:
     k = torch.randn(3, 2, 16)
     cache = torch.zeros(4, 8, 2, 16)

@@ -76,6 +76,16 @@ def test_small_tiles_and_large_blocks() -> None:
     _check_triton(args, block_m=16, tile_n=16)
 
 
+@pytest.mark.parametrize("impl", [paged_attention_prefill_reference, paged_attention_prefill_triton])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_major_cache_storage(impl, dtype: torch.dtype) -> None:
+    """The engine's layout: the cache a view of [Hkv, num_blocks, block_size, D] storage."""
+    q, k_cache, v_cache, tables, cu, seq_lens, scale = _case(32, 4, dtype, seed=4)
+    expected = paged_attention_prefill_reference(q, k_cache, v_cache, tables, cu, seq_lens, scale)
+    k_hm, v_hm = (c.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for c in (k_cache, v_cache))
+    assert_close(impl(q, k_hm, v_hm, tables, cu, seq_lens, scale), expected, "attention")
+
+
 @pytest.mark.parametrize("impl", [paged_attention_prefill_triton, paged_attention_prefill_reference])
 def test_bad_arguments_are_named(impl) -> None:
     q, k_cache, v_cache, tables, cu, seq_lens, scale = _case(32, 2, torch.float32, lens=[(5, 3), (9, 9)])

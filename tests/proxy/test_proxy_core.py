@@ -250,8 +250,9 @@ def test_llamacpp_body_translates() -> None:
     assert defaults["temperature"] == 1.0 and defaults["top_p"] == 1.0  # not llama.cpp's 0.8 / 0.95
     js = llamacpp("http://u").build_body(spec(structured_outputs={"json": '{"type": "object"}'}))
     assert js["json_schema"] == {"type": "object"}
-    with pytest.raises(InvalidRequest, match="regex"):
-        llamacpp("http://u").build_body(spec(structured_outputs={"regex": "a+"}))
+    assert llamacpp("http://u").build_body(spec(structured_outputs={"regex": "a+"}))["grammar"] == 'root ::= "a"+'
+    with pytest.raises(InvalidRequest, match="regex.*lookahead"):
+        llamacpp("http://u").build_body(spec(structured_outputs={"regex": "(?=a)b"}))
 
 
 def test_choice_grammar_escapes() -> None:

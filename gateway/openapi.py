@@ -1,0 +1,209 @@
+"""The published OpenAPI document (`/schema/openapi.json`), exact about what the gateway takes
+and sends.
+
+Litestar writes the paths and operations, but its schemas of msgspec structs lose facts the
+gateway enforces (a `minimum` of 0 is dropped, unknown fields are not marked as refused, list
+bounds inside unions vanish) and it knows nothing of the responses the handlers build by hand.
+So the components are msgspec's own JSON Schema of the request and response structs — the
+structs the gateway decodes with, vLLM's extensions included — and every operation lists its
+real answers: the response object (or, for streams, one `data:` event: a chunk, an error object
+or `[DONE]`) and the OpenAI error object for each error status it may answer with.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.openapi.plugins import JsonRenderPlugin
+
+from gateway import schemas as S
+
+REF = "#/components/schemas/{name}"
+
+# (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event)
+SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/chat/completions", "post"): {"application/json": S.ChatCompletion, "text/event-stream": S.ChatCompletionChunk},
+    ("/v1/completions", "post"): {"application/json": S.Completion, "text/event-stream": S.CompletionChunk},
+    ("/v1/models", "get"): {"application/json": S.ModelList},
+    ("/v1/models/{model_id}", "get"): {"application/json": S.ModelCard},
+    ("/tokenize", "post"): {"application/json": S.TokenizeResponse},
+    ("/detokenize", "post"): {"application/json": S.DetokenizeResponse},
+    ("/switchyard/render", "post"): {"application/json": S.RenderResponse},
+    ("/health", "get"): {"application/json": S.HealthStatus},
+    ("/ready", "get"): {"application/json": S.HealthStatus},
+    ("/metrics", "get"): {"text/plain": str},
+}
+# (path, method) -> the struct its JSON body is decoded into (strictly: see `gateway.app._body`)
+REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
+    ("/v1/chat/completions", "post"): S.ChatCompletionRequest,
+    ("/v1/completions", "post"): S.CompletionRequest,
+    ("/tokenize", "post"): S.TokenizeBody,
+    ("/detokenize", "post"): S.DetokenizeBody,
+    ("/switchyard/render", "post"): S.RenderBody,
+}
+REQUESTS = tuple(REQUEST_BODIES.values())
+
+# every status an API operation may answer with besides 200, and why
+ERRORS = {
+    "400": "The request is malformed or asks for something the backend cannot do; `param` names the field.",
+    "401": "No API key, or an unknown one.",
+    "403": "The API key may not use this model.",
+    "404": "Unknown model or route.",
+    "405": "Method not allowed.",
+    "413": "The body is larger than `server.max_body_bytes`.",
+    "429": "The backend's queue is full, or the upstream rate-limits (`Retry-After`).",
+    "500": "A bug (the message carries the request id) or an upstream 5xx.",
+    "502": "The upstream is unreachable or answered with something that is not its protocol.",
+    "503": "No backend available, or the server is shutting down.",
+    "504": "The upstream sent nothing in time, or the request passed its deadline.",
+}
+OPEN_PATHS = {("/health", "get"), ("/metrics", "get")}  # no auth, no errors of their own
+
+
+def _stream_event(chunk: type) -> dict[str, Any]:
+    """One SSE event: `data` is a chunk or an error object as JSON, or the final `[DONE]`."""
+    payload = {"anyOf": [{"$ref": REF.format(name=chunk.__name__)}, {"$ref": REF.format(name="ErrorResponse")}]}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "type": "string",
+                "if": {"not": {"const": "[DONE]"}},
+                "then": {"contentMediaType": "application/json", "contentSchema": payload},
+            }
+        },
+    }
+
+
+def components() -> dict[str, Any]:
+    structs = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk]
+    structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
+    _, defs = msgspec.json.schema_components(list(dict.fromkeys(structs)), ref_template=REF)
+    for schema in defs.values():
+        for prop in schema.get("properties", {}).values():
+            _hoist_bounds(prop)
+    _loosen_lone_tags(defs)
+    return defs
+
+
+def _loosen_lone_tags(defs: dict[str, Any]) -> None:
+    """msgspec requires a struct's tag (`"type": "text"`) only where it picks between the
+    members of a union; a tagged struct standing alone (`content: str | list[TextPart]` of a
+    system, developer or tool message) decodes without it. Say so: such places refer to a copy
+    of the struct's schema (`<Name>Untagged`) in which the tag is optional."""
+    for owner in list(defs):
+        cls = getattr(S, owner, None)
+        if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+            continue
+        for field in msgspec.inspect.type_info(cls).fields:
+            lone = _lone_tagged_items(field.type)
+            if lone is None:
+                continue
+            name, tag_field = lone
+            loose = f"{name}Untagged"
+            if loose not in defs:
+                defs[loose] = copy.deepcopy(defs[name])
+                defs[loose]["required"] = [r for r in defs[loose].get("required", []) if r != tag_field]
+                defs[loose]["title"] = loose
+            _replace_refs(defs[owner]["properties"][field.encode_name], REF.format(name=name), REF.format(name=loose))
+
+
+def _lone_tagged_items(t: msgspec.inspect.Type) -> tuple[str, str] | None:
+    """(struct name, tag field) when `t` has a list whose items are one tagged struct."""
+    for member in t.types if isinstance(t, msgspec.inspect.UnionType) else (t,):
+        if isinstance(member, msgspec.inspect.ListType) and isinstance(member.item_type, msgspec.inspect.StructType):
+            item = member.item_type
+            if item.tag_field is not None:
+                return item.cls.__name__, item.tag_field
+    return None
+
+
+def _replace_refs(node: Any, target: str, replacement: str) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and value == target:
+                node[key] = replacement
+            else:
+                _replace_refs(value, target, replacement)
+    elif isinstance(node, list):
+        for value in node:
+            _replace_refs(value, target, replacement)
+
+
+_NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "description")
+
+
+def _hoist_bounds(prop: dict[str, Any]) -> None:
+    """An optional number (`anyOf: [{type: number, maximum: 2}, {type: null}]`) also carries its
+    bounds at the top, where readers of the schema (and Litestar's own output) look for them.
+    The same keywords outside the `anyOf` mean the same: they constrain numbers only."""
+    branches = prop.get("anyOf")
+    if not isinstance(branches, list) or len(branches) != 2 or {"type": "null"} not in branches:
+        return
+    (value,) = [b for b in branches if b != {"type": "null"}]
+    if value.get("type") in ("number", "integer"):
+        for key in _NUMERIC_BOUNDS:
+            if key in value:
+                prop.setdefault(key, value[key])
+
+
+def patch_document(document: dict[str, Any]) -> dict[str, Any]:
+    """Litestar's document with exact components and every operation's real responses."""
+    doc = copy.deepcopy(document)
+    doc.setdefault("components", {})["schemas"] = components()
+    doc["components"]["responses"] = {
+        "Error" + status: {
+            "description": why,
+            "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}},
+        }
+        for status, why in ERRORS.items()
+    }
+    for path, item in doc.get("paths", {}).items():
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            operation["responses"] = _responses(path, method)
+            body = REQUEST_BODIES.get((path, method))
+            if body is not None:
+                ref = {"$ref": REF.format(name=body.__name__)}
+                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    return doc
+
+
+def _responses(path: str, method: str) -> dict[str, Any]:
+    content: dict[str, Any] = {}
+    for media, struct in SUCCESS.get((path, method), {"application/json": None}).items():
+        if struct is str:
+            content[media] = {"schema": {"type": "string"}}
+        elif struct is None:
+            content[media] = {"schema": {}}
+        elif media == "text/event-stream":
+            content[media] = {"schema": _stream_event(struct)}
+        else:
+            content[media] = {"schema": {"$ref": REF.format(name=struct.__name__)}}
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
+    if (path, method) in OPEN_PATHS:
+        return responses
+    if (path, method) == ("/ready", "get"):
+        responses["503"] = {"description": "No backend is ready, or the server is draining.", "content": content}
+        return responses
+    for status in ERRORS:
+        responses[status] = {"$ref": f"#/components/responses/Error{status}"}
+    return responses
+
+
+class SchemaPlugin(JsonRenderPlugin):
+    """Serves the patched document as JSON at `/schema/openapi.json` (and `/schema`)."""
+
+    def __init__(self) -> None:
+        super().__init__(path=["/openapi.json", "/"])
+        self._rendered: bytes | None = None
+
+    def render(self, request: Request, openapi_schema: dict[str, Any]) -> bytes:
+        if self._rendered is None:
+            self._rendered = self.render_json(request, patch_document(openapi_schema))
+        return self._rendered

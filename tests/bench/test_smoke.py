@@ -1,0 +1,81 @@
+"""Each benchmark script in its `--smoke` mode (seconds), so the scripts cannot rot. Results go
+to a temporary directory, never to bench/results/. Nothing heavy is installed: the LiteLLM arm
+runs only when `python bench/litellm_env.py install` already put it in its cache, vLLM is left
+out of the engines smoke (its start alone takes 40-90 s), llama.cpp runs only when installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench import litellm_env  # noqa: E402
+
+
+def run_script(name: str, tmp_path: Path, *args: str, timeout: float = 300) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke", "--results-dir",
+                           str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "machine:" in proc.stdout and "versions:" in proc.stdout, proc.stdout[:2000]
+    return json.loads((tmp_path / f"{name}.smoke.json").read_text())
+
+
+def test_gateway_overhead_smoke(tmp_path: Path) -> None:
+    report = run_script("gateway_overhead", tmp_path)
+    arms = {r["arm"] for r in report["cells"]}
+    assert {"direct", "switchyard"} <= arms
+    if litellm_env.installed():
+        assert "litellm" in arms and report["headline"]["ratios_switchyard_over_litellm"]
+    else:
+        assert report["skipped_arms"] == ["litellm"]
+    for row in report["cells"]:
+        assert row["errors"] == 0 and row["requests"] > 0, row
+        if row["arm"] != "direct":
+            assert row["cpu_s_per_1k"] is not None and row["peak_rss_mib"] > 0
+    assert report["rate_sweeps"]["switchyard"]["steps"]
+    assert report["machine"]["cores"] and report["machine"]["cpu_model"]
+
+
+def test_stream_fidelity_smoke(tmp_path: Path) -> None:
+    report = run_script("stream_fidelity", tmp_path, "--arms", "direct", "switchyard")
+    rows = {r["arm"]: r for r in report["rows"]}
+    assert rows["direct"]["gaps"] == rows["switchyard"]["gaps"] == report["config"]["tokens"] - 1
+    assert 0 <= rows["switchyard"]["clumped_pct"] <= 100
+    assert "clumped_within_2_points_of_direct_c1" in report["targets"]
+
+
+def test_memory_smoke(tmp_path: Path) -> None:
+    report = run_script("memory", tmp_path, "--arms", "switchyard")
+    (rss,) = report["gateway_rss"]
+    assert rss["errors"] == 0 and rss["peak_rss_mib"] > 0
+    for kv in report["kv_cache"]:
+        assert kv["bytes_per_token"] == pytest.approx(kv["theoretical_bytes_per_token"], rel=0.01)
+
+
+def test_engines_compare_smoke(tmp_path: Path) -> None:
+    report = run_script("engines_compare", tmp_path, timeout=600)
+    engines = {r["engine"] for r in report["rows"]}
+    assert {"builtin", "hf-serial", "hf-batched"} <= engines, report.get("skipped")
+    assert "vllm" in report["skipped"]  # smoke never starts vLLM unless asked
+    for row in report["rows"]:
+        assert row["tokens_per_s"] > 0 and not row["short_streams"], row
+    assert report["prefix_cache"]["builtin"]["first_ms"] > 0
+    assert report["ratios"] and report["ratios"][0]["hf-serial"] > 0
+
+    # the summary and plots from what the smokes wrote
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "summarize.py"), "--smoke", "--results-dir",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = (tmp_path / "SUMMARY.smoke.md").read_text()
+    assert "## Engines" in summary and (tmp_path / "engines_throughput.smoke.png").is_file()
+
+
+def test_litellm_pin_is_not_a_compromised_release() -> None:
+    assert litellm_env.LITELLM_VERSION not in litellm_env.BAD_VERSIONS
+    assert litellm_env.LITELLM_VERSION.count(".") == 2  # pinned exactly
