@@ -10,7 +10,7 @@ PORT ?= 8000
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test setup model engines engines-status check-config bench clean-venv
+.PHONY: run test setup model engines engines-status check-config bench bench-smoke clean-venv
 
 run: setup model
 	$(PY) -m gateway.cli serve --config $(CONFIG) --host $(HOST) --port $(PORT)
@@ -43,8 +43,12 @@ engines-status: setup
 check-config: setup
 	$(PY) -m gateway.cli check-config $(CONFIG)
 
-bench: setup model
-	$(PY) bench/gateway_overhead.py
+# Benchmarks side by side with the peers; not part of `make test` (~35 min on 2 cores).
+bench: setup model engines
+	$(PY) bench/run_all.py
+
+bench-smoke: setup model
+	$(PY) bench/run_all.py --smoke
 
 clean-venv:
 	rm -rf $(VENV)
