@@ -1,6 +1,6 @@
 """The shared core of every proxy backend (vLLM, llama.cpp, any OpenAI-compatible server).
 
-One `httpx.AsyncClient` per backend (connection pool, keep-alive), three separate timeouts
+One `plugins.http1.Pool` per backend (keep-alive connections), three separate timeouts
 (connect; first byte: from sending the request until the first body bytes; idle: between two
 body pieces), the incremental SSE parser (`plugins.sse_parser`), the mapping of upstream chunks
 to `plugins.protocol` events, and the mapping of upstream error bodies to `plugins.errors`,
@@ -30,7 +30,6 @@ Design points:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
@@ -38,8 +37,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
-import httpx
 import msgspec
+
+from plugins import http1
 
 from plugins.errors import (
     ConfigError,
@@ -87,13 +87,12 @@ class TimeoutOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
     connect_s: float = 5.0
     first_byte_s: float = 120.0
     idle_s: float = 60.0
-    write_s: float = 30.0
     health_s: float = 2.0  # one /health probe
 
 
 class PoolOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    max_connections: int = 256
-    max_keepalive_connections: int = 64
+    max_connections: int = 256  # requests in flight to this upstream at once
+    max_keepalive_connections: int = 256  # idle connections kept for reuse
     # below the servers' own idle keep-alive timeout (uvicorn, hence vLLM: 5 s; llama-server's
     # cpp-httplib: 5 s), so a pooled connection is dropped by us before the server drops it
     keepalive_expiry_s: float = 4.0
@@ -437,7 +436,7 @@ class ProxyBackend:
     def __init__(self, name: str, options: ProxyOptions) -> None:
         self.name = name
         self.options = options
-        self.client: httpx.AsyncClient | None = None
+        self.client: http1.Pool | None = None
         self._max_model_len: int | None = options.max_model_len
         self._model_lens: dict[str, int | None] = {}
         self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
@@ -457,7 +456,7 @@ class ProxyBackend:
             return os.environ.get(self.options.api_key_env) or None
         return None
 
-    def _make_client(self) -> httpx.AsyncClient:
+    def _make_client(self) -> http1.Pool:
         if not self.base_url:
             raise ConfigError(f"backend `{self.name}`: `options.base_url` is empty (and no `launch` table)")
         t, p = self.options.timeouts, self.options.pool
@@ -465,15 +464,12 @@ class ProxyBackend:
         key = self._api_key()
         if key:
             headers["authorization"] = f"Bearer {key}"
-        return httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(None, connect=t.connect_s, write=t.write_s, pool=p.acquire_timeout_s),
-            limits=httpx.Limits(max_connections=p.max_connections, max_keepalive_connections=p.max_keepalive_connections,
-                                keepalive_expiry=p.keepalive_expiry_s),
-            follow_redirects=False,
-            trust_env=False,  # no proxy env vars between the gateway and its engines
-        )
+        try:
+            return http1.Pool(self.base_url, headers=headers, max_connections=p.max_connections,
+                              max_idle=p.max_keepalive_connections, idle_expiry_s=p.keepalive_expiry_s,
+                              connect_timeout_s=t.connect_s, acquire_timeout_s=p.acquire_timeout_s)
+        except ValueError as exc:
+            raise ConfigError(f"backend `{self.name}`: `options.base_url`: {exc}") from None
 
     async def launch(self) -> None:
         """Start the upstream server when the options ask for it (subclasses); set
@@ -497,7 +493,7 @@ class ProxyBackend:
             server, self.launched = self.launched, None
             await asyncio.to_thread(server.stop)
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> http1.Pool:
         if self.client is None:
             self.client = self._make_client()
         return self.client
@@ -560,10 +556,15 @@ class ProxyBackend:
         return [ModelInfo(id=model, max_model_len=override or mml, owned_by=self.name) for model, mml in lens.items()]
 
     async def health(self) -> bool:
+        deadline = asyncio.get_running_loop().time() + self.options.timeouts.health_s
         try:
-            resp = await self._client().get(self.health_path, timeout=self.options.timeouts.health_s)
-            ok = resp.status_code == 200
-        except (httpx.HTTPError, OSError):
+            response = await self._client().request("GET", self.health_path, deadline=deadline)
+            try:
+                await response.read(MAX_ERROR_BODY, deadline)
+            finally:
+                await response.aclose()
+            ok = response.status == 200
+        except (http1.HTTPError, TimeoutError, OSError):
             ok = False
         self.healthy = ok
         return ok
@@ -572,21 +573,25 @@ class ProxyBackend:
 
     async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None) -> Any:
         t = self.options.timeouts
+        deadline = asyncio.get_running_loop().time() + t.first_byte_s
         try:
-            async with asyncio.timeout(t.first_byte_s):
-                resp = await self._client().request(
-                    method, path, content=None if body is None else _json_encode(body),
-                    headers={"content-type": "application/json"} if body is not None else None,
-                )
+            response = await self._client().request(
+                method, path, b"" if body is None else _json_encode(body),
+                {"content-type": "application/json"} if body is not None else None, deadline=deadline,
+            )
+            try:
+                content = await response.read(None if response.status < 400 else MAX_ERROR_BODY, deadline)
+            finally:
+                await response.aclose()
         except TimeoutError:
             raise UpstreamError(f"Backend `{self.name}` did not answer {method} {path} within {t.first_byte_s:g} s.",
                                 kind="timeout") from None
-        except httpx.HTTPError as exc:
+        except http1.HTTPError as exc:
             raise self._transport_error(exc) from None
-        if resp.status_code >= 400:
-            raise error_from_body(resp.status_code, resp.content[:MAX_ERROR_BODY], backend=self.name, spec=spec)
+        if response.status >= 400:
+            raise error_from_body(response.status, content[:MAX_ERROR_BODY], backend=self.name, spec=spec)
         try:
-            return _json_decode(resp.content) if resp.content else None
+            return _json_decode(content) if content else None
         except msgspec.DecodeError:
             raise UpstreamError(f"Backend `{self.name}` answered {path} with something that is not JSON.",
                                 kind="bad_gateway") from None
@@ -597,16 +602,14 @@ class ProxyBackend:
 
     def _transport_error(self, exc: BaseException, *, after_start: bool = False) -> UpstreamError:
         t = self.options.timeouts
-        if isinstance(exc, httpx.ConnectTimeout):
+        if isinstance(exc, http1.ConnectTimeout):
             return UpstreamError(f"Backend `{self.name}` ({self.base_url}) did not accept a connection within "
                                  f"{t.connect_s:g} s.", kind="timeout")
-        if isinstance(exc, httpx.PoolTimeout):
+        if isinstance(exc, http1.PoolTimeout):
             return UpstreamError(f"Backend `{self.name}`: all {self.options.pool.max_connections} connections are busy.",
                                  kind="unavailable")
-        if isinstance(exc, httpx.ConnectError):
+        if isinstance(exc, http1.ConnectError):
             return UpstreamError(f"Backend `{self.name}` ({self.base_url}) is unreachable: {exc}", kind="bad_gateway")
-        if isinstance(exc, httpx.TimeoutException):
-            return UpstreamError(f"Backend `{self.name}` timed out: {exc}", kind="timeout")
         what = "broke the stream" if after_start else "failed"
         return UpstreamError(f"Backend `{self.name}` {what}: {type(exc).__name__}: {exc}", kind="bad_gateway")
 
@@ -681,17 +684,12 @@ class ProxyBackend:
         the upstream response, which cancels the request upstream."""
         body = self.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
-        client = self._client()
-        t = self.options.timeouts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + t.first_byte_s
-        content = _json_encode(body)
-        headers = self.request_headers(spec)
-        response = await self._send(client, path, content, headers, deadline)
+        deadline = asyncio.get_running_loop().time() + self.options.timeouts.first_byte_s
+        response = await self._send(path, _json_encode(body), self.request_headers(spec), deadline)
         try:
-            if response.status_code != 200:
+            if response.status != 200:
                 raw = await self._read_capped(response, deadline)
-                raise error_from_body(response.status_code, raw, backend=self.name, spec=spec)
+                raise error_from_body(response.status, raw, backend=self.name, spec=spec)
             norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec,
                                     content_calls=self.content_calls(spec))
             ctype = response.headers.get("content-type", "")
@@ -705,96 +703,79 @@ class ProxyBackend:
                 for event in norm.feed_response(obj if isinstance(obj, dict) else {}):
                     yield event
             else:
-                parser = SSEParser()
-                async with contextlib.aclosing(self._pieces(response, deadline)) as pieces:
-                    async for piece in pieces:
-                        for sse in parser.feed(piece):
-                            if sse.event not in ("message", "error"):
-                                continue
-                            for event in norm.feed_data(sse.data):
-                                yield event
-                            if norm.done:
-                                break
-                        if norm.done:
-                            break
-                    if norm.done:
-                        await self._drain(pieces)  # read the chunked terminator: the connection stays reusable
+                async for event in self._stream_events(response, norm, deadline):
+                    yield event
             yield norm.finish()
         finally:
-            try:
-                await response.aclose()
-            except BaseException:  # noqa: BLE001 - closing must not mask what is propagating
-                pass
+            await response.aclose()
 
-    async def _send(self, client: httpx.AsyncClient, path: str, content: bytes, headers: dict[str, str],
-                    deadline: float) -> httpx.Response:
-        """POST and wait for the response head, under the first-byte deadline. A pooled
-        keep-alive connection the server closed just as we reused it fails before any response
-        byte ("server disconnected without sending a response"): that case, and only that, is
-        retried once on a fresh connection — the server never saw the request."""
-        t = self.options.timeouts
-        for attempt in (1, 2):
-            request = client.build_request("POST", path, content=content, headers=headers)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    return await client.send(request, stream=True)
-            except TimeoutError:
-                raise UpstreamError(f"Backend `{self.name}` sent no response within {t.first_byte_s:g} s.",
-                                    kind="timeout") from None
-            except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError) as exc:
-                if attempt == 1 and _stale_connection(exc):
-                    log.info("backend %s: pooled connection was closed by the server; retrying once", self.name)
+    async def _stream_events(self, response: http1.Response, norm: StreamNormalizer,
+                             deadline: float) -> AsyncIterator[Event]:
+        """The SSE body's events, normalized; after `[DONE]` the rest of the body (the chunked
+        terminator) is read, so that the connection stays reusable."""
+        parser = SSEParser()
+        pieces = self._pieces(response, deadline)
+        async for piece in pieces:
+            for sse in parser.feed(piece):
+                if sse.event not in ("message", "error"):
                     continue
-                raise self._transport_error(exc) from None
-            except httpx.HTTPError as exc:
-                raise self._transport_error(exc) from None
-        raise AssertionError("unreachable")
+                for event in norm.feed_data(sse.data):
+                    yield event
+                if norm.done:
+                    await self._drain(response)
+                    return
 
-    async def _pieces(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
+    async def _send(self, path: str, content: bytes, headers: dict[str, str], deadline: float) -> http1.Response:
+        """POST and wait for the response head, under the first-byte deadline."""
+        try:
+            response = await self._client().request("POST", path, content, headers, deadline=deadline)
+        except TimeoutError:
+            raise UpstreamError(f"Backend `{self.name}` sent no response within {self.options.timeouts.first_byte_s:g} s.",
+                                kind="timeout") from None
+        except http1.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        log.debug("backend %s: POST %s%s -> %d", self.name, self.base_url, path, response.status)
+        return response
+
+    async def _pieces(self, response: http1.Response, deadline: float) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (no re-chunking); the first piece under the first-byte
         deadline, every later one under the idle timeout."""
         t = self.options.timeouts
         loop = asyncio.get_running_loop()
-        iterator = response.aiter_raw().__aiter__()
         when = deadline
         first = True
         while True:
             try:
-                async with asyncio.timeout_at(when):
-                    piece = await iterator.__anext__()
-            except StopAsyncIteration:
-                return
+                piece = await response.next_piece(when)
             except TimeoutError:
                 if first:
                     raise UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.",
                                         kind="timeout") from None
                 raise UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
                                     kind="timeout") from None
-            except httpx.HTTPError as exc:
+            except http1.HTTPError as exc:
                 raise self._transport_error(exc, after_start=True) from None
+            if piece is None:
+                return
             first = False
             when = loop.time() + t.idle_s
-            if piece:
-                yield piece
+            yield piece
 
-    async def _drain(self, pieces: AsyncIterator[bytes]) -> None:
+    async def _drain(self, response: http1.Response) -> None:
         try:
-            async with asyncio.timeout(1.0):
-                async for _ in pieces:
-                    pass
-        except (TimeoutError, UpstreamError):
+            await response.read(MAX_ERROR_BODY, asyncio.get_running_loop().time() + 1.0)
+        except (TimeoutError, http1.HTTPError):
             pass
 
-    async def _read_capped(self, response: httpx.Response, deadline: float, limit: int | None = MAX_ERROR_BODY) -> bytes:
+    async def _read_capped(self, response: http1.Response, deadline: float, limit: int | None = MAX_ERROR_BODY) -> bytes:
         chunks: list[bytes] = []
         size = 0
         try:
-            async with contextlib.aclosing(self._pieces(response, deadline)) as pieces:
-                async for piece in pieces:
-                    chunks.append(piece)
-                    size += len(piece)
-                    if limit is not None and size >= limit:
-                        break
+            async for piece in self._pieces(response, deadline):
+                chunks.append(piece)
+                size += len(piece)
+                if limit is not None and size >= limit:
+                    break
         except UpstreamError:
             if not chunks:
                 raise
@@ -813,13 +794,6 @@ class ProxyBackend:
                      tools: list[dict[str, Any]] | None = None) -> Rendered:
         """The chat prompt exactly as this server builds it: text and token ids."""
         raise InvalidRequest(f"Backend `{self.name}` cannot show its rendered prompt.", param="model")
-
-
-def _stale_connection(exc: httpx.HTTPError) -> bool:
-    if isinstance(exc, httpx.WriteError):
-        return True
-    text = str(exc).lower()
-    return "without sending a response" in text or "connection reset" in text or "broken pipe" in text
 
 
 def check_extensions(names: list[str], *, backend_type: str) -> frozenset[str]:

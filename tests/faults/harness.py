@@ -66,7 +66,7 @@ class GatewayThread:
         return self.call(names)
 
     def pools(self) -> dict[str, tuple[int, int]]:
-        """Per proxy backend: (idle, busy) connections in its httpx pool."""
+        """Per proxy backend: (idle, busy) connections in its upstream pool."""
 
         def count() -> dict[str, tuple[int, int]]:
             out = {}
@@ -74,9 +74,7 @@ class GatewayThread:
                 client = getattr(backend, "client", None)
                 if client is None:
                     continue
-                connections = client._transport._pool.connections  # httpcore's pool; test-only peek
-                idle = sum(1 for c in connections if c.is_idle())
-                out[name] = (idle, len(connections) - idle)
+                out[name] = (client.idle_connections, client.busy_connections)
             return out
 
         return self.call(count)

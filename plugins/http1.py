@@ -1,0 +1,391 @@
+"""A lean HTTP/1.1 client for the proxies' upstream hop: a keep-alive pool of asyncio protocol
+connections parsed by httptools (llhttp, the parser uvicorn uses).
+
+Why not httpx here: for every request httpcore's pool walks every pooled connection (expiry,
+idleness, a readability probe of its socket), and h11 parses each body chunk in pure Python.
+At 64 concurrent streams that was over half of the gateway's CPU (bench/README.md). This client
+does O(1) work per request and one parser call per socket read.
+
+    pool = Pool("http://127.0.0.1:8001", headers={"user-agent": "switchyard-proxy"})
+    response = await pool.request("POST", "/v1/chat/completions", body, headers)
+    while (piece := await response.next_piece(deadline)) is not None:
+        ...
+    await response.aclose()      # back to the pool when the body was read to its end
+
+Body pieces come out as they arrive: everything that arrived since the last call, joined, never
+waiting for more. A response closed before its end closes its connection (that is how an
+upstream learns the client went away). A request whose connection the server closed without a
+byte of answer is retried once on a fresh connection: that is what a server closing an idle
+keep-alive connection just as it is reused looks like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from urllib.parse import urlsplit
+
+import httptools
+
+READ_HIGH_WATER = 1 << 20  # unread body bytes at which reading from the socket pauses
+
+
+class HTTPError(Exception):
+    """Any failure of the upstream exchange."""
+
+
+class ConnectError(HTTPError):
+    """No connection could be made."""
+
+
+class ConnectTimeout(ConnectError):
+    """No connection within the connect timeout."""
+
+
+class PoolTimeout(HTTPError):
+    """Every connection the pool may open stayed busy for the acquire timeout."""
+
+
+class ProtocolError(HTTPError):
+    """The upstream sent something that is not HTTP/1.1."""
+
+
+class ConnectionClosed(HTTPError):
+    """The connection was closed or reset before the response ended."""
+
+    def __init__(self, message: str, *, before_response: bool = False) -> None:
+        super().__init__(message)
+        self.before_response = before_response
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; holds the state of the exchange in progress."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self.paused = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.pieces: list[bytes] = []
+        self.buffered = 0
+        self.complete = False
+        self.keep_alive = False
+        self.error: HTTPError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.received = False  # any byte of this exchange's response
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        if self.complete or self.error is not None:
+            return
+        if self.headers_done and self._ends_at_close():
+            self.complete = True
+            self._wake()
+            return
+        reason = f": {exc}" if exc else ""
+        self._fail(ConnectionClosed(f"the server closed the connection{reason}", before_response=not self.received))
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if 100 <= self.status < 200:  # an interim response (100 Continue): its final one follows
+            self.status = 0
+            self.raw_headers = []
+            return
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+        self.buffered += len(body)
+        if self.buffered >= READ_HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.headers_done:
+            self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message is done
+            self.complete = True
+            self._wake()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _ends_at_close(self) -> bool:
+        """A response with neither Content-Length nor chunked encoding ends when the
+        connection does."""
+        names = {name.lower() for name, _ in self.raw_headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def _fail(self, error: HTTPError) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, deadline: float | None) -> None:
+        """Until the parser reports something new; TimeoutError at loop time `deadline`."""
+        loop = asyncio.get_running_loop()
+        self.waiter = waiter = loop.create_future()
+        timer = None if deadline is None else loop.call_at(deadline, _time_out, waiter)
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def send(self, request: bytes) -> None:
+        self._reset()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+            self.pool._forget(self)
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and self.error is None and not self.closed
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+
+def _time_out(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class Response:
+    """The response to one request: status and headers are read; the body is read with
+    `next_piece` or `read`. Always `aclose()` it."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn: _Connection | None = conn
+        self.status = conn.status
+        self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in conn.raw_headers}
+
+    async def next_piece(self, deadline: float | None = None) -> bytes | None:
+        """The body bytes that arrived since the last call (waiting for some when there are
+        none); None at the end of the body. TimeoutError at loop time `deadline`."""
+        conn = self._conn
+        if conn is None:
+            return None
+        while not conn.pieces:
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                return None
+            await conn.wait(deadline)
+        pieces, conn.pieces, conn.buffered = conn.pieces, [], 0
+        conn.resume()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def read(self, limit: int | None = None, deadline: float | None = None) -> bytes:
+        """The rest of the body (at most about `limit` bytes)."""
+        chunks: list[bytes] = []
+        size = 0
+        while (piece := await self.next_piece(deadline)) is not None:
+            chunks.append(piece)
+            size += len(piece)
+            if limit is not None and size >= limit:
+                break
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.pool._release(conn)
+
+
+class Pool:
+    """Keep-alive connections to one origin. At most `max_connections` requests are in flight
+    at once (a further one waits up to `acquire_timeout_s`: PoolTimeout); at most `max_idle`
+    idle connections are kept, each for `idle_expiry_s` (keep that below the server's own
+    keep-alive timeout, so the server is never the one to close a connection we reuse)."""
+
+    def __init__(self, base_url: str, *, headers: dict[str, str] | None = None, max_connections: int = 256,
+                 max_idle: int = 256, idle_expiry_s: float = 4.0, connect_timeout_s: float = 5.0,
+                 acquire_timeout_s: float = 10.0) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.tls = url.scheme == "https"
+        self.host = url.hostname
+        self.port = url.port or (443 if self.tls else 80)
+        self.prefix = url.path.rstrip("/")
+        default_port = self.port == (443 if self.tls else 80)
+        authority = url.hostname if default_port else f"{url.hostname}:{self.port}"
+        if ":" in url.hostname:  # IPv6 literal
+            authority = f"[{url.hostname}]" if default_port else f"[{url.hostname}]:{self.port}"
+        fields = {"host": authority, **{k.lower(): v for k, v in (headers or {}).items()}}
+        self._head_fields = _header_block(fields)
+        self.max_idle = max_idle
+        self.idle_expiry_s = idle_expiry_s
+        self.connect_timeout_s = connect_timeout_s
+        self.acquire_timeout_s = acquire_timeout_s
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: dict[_Connection, None] = {}  # insertion-ordered: the newest is reused first
+        self._busy: set[_Connection] = set()
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
+        self._closed = False
+
+    async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+                      deadline: float | None = None) -> Response:
+        """Send the request; return once the response head has arrived (TimeoutError at loop
+        time `deadline`). The caller must `aclose()` the response."""
+        if self._closed:
+            raise ConnectError("the connection pool is closed")
+        message = self._message(method, path, body, headers)
+        try:
+            async with asyncio.timeout(self.acquire_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout("every connection stayed busy") from None
+        try:
+            for attempt in (1, 2):
+                conn = await self._connection(deadline)
+                try:
+                    conn.send(message)
+                    while not conn.headers_done:
+                        if conn.error is not None:
+                            raise conn.error
+                        await conn.wait(deadline)
+                except ConnectionClosed as exc:
+                    self._discard(conn)
+                    if attempt == 1 and exc.before_response:
+                        continue  # what a server closing an idle keep-alive connection looks like
+                    raise
+                except BaseException:
+                    self._discard(conn)
+                    raise
+                return Response(conn)
+        except BaseException:
+            self._slots.release()
+            raise
+        raise AssertionError("unreachable")
+
+    def _message(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
+        head = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode())
+        extra = _header_block(headers) if headers else b""
+        length = b"content-length: %d\r\n" % len(body) if body or method in ("POST", "PUT", "PATCH") else b""
+        return head + self._head_fields + extra + length + b"\r\n" + body
+
+    async def _connection(self, deadline: float | None) -> _Connection:
+        now = time.monotonic()
+        while self._idle:
+            conn, _ = self._idle.popitem()
+            if conn.closed:
+                continue
+            if now - conn.idle_since > self.idle_expiry_s:
+                conn.close()
+                continue
+            conn.reused = True
+            self._busy.add(conn)
+            return conn
+        conn = await self._connect(deadline)
+        self._busy.add(conn)
+        return conn
+
+    async def _connect(self, deadline: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        timeout = self.connect_timeout_s
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - loop.time()))
+        try:
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self._ssl,
+                    server_hostname=self.host if self.tls else None,
+                )
+        except TimeoutError:
+            if deadline is not None and loop.time() >= deadline:
+                raise
+            raise ConnectTimeout(f"no connection to {self.host}:{self.port} within {self.connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        """The response is done with: keep the connection when its exchange ended cleanly."""
+        self._busy.discard(conn)
+        self._slots.release()
+        if conn.reusable() and not self._closed and len(self._idle) < self.max_idle:
+            conn.idle_since = time.monotonic()
+            conn.resume()
+            self._idle[conn] = None
+        else:
+            conn.close()
+
+    def _discard(self, conn: _Connection) -> None:
+        self._busy.discard(conn)
+        conn.close()
+
+    def _forget(self, conn: _Connection) -> None:
+        """A connection closed (by either side): it must not be handed out again."""
+        self._idle.pop(conn, None)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    @property
+    def busy_connections(self) -> int:
+        return len(self._busy)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conn in [*self._idle, *self._busy]:
+            conn.close()
+        self._idle.clear()
+        self._busy.clear()
+
+
+def _header_block(fields: dict[str, str]) -> bytes:
+    lines = []
+    for name, value in fields.items():
+        if any(c in name or c in value for c in "\r\n"):
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode("latin-1")

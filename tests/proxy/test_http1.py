@@ -1,0 +1,286 @@
+"""The proxies' HTTP/1.1 client (plugins.http1) against small asyncio servers on loopback: body
+framings, keep-alive and its expiry, back-pressure, the pool limit, deadlines, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from plugins import http1
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+
+
+class Server:
+    """Accepts connections and hands each to `handler`; counts connections."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                await self.handler(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return lines[0].encode(), headers, body
+
+
+def answering(*responses: bytes, keep_open: bool = True) -> Handler:
+    """Answers each request on a connection with the next of `responses`."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for response in responses:
+            await read_request(reader)
+            writer.write(response)
+            await writer.drain()
+        if keep_open:
+            await reader.read()
+
+    return handler
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+SIZED = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
+
+
+@pytest.mark.parametrize("response", [CHUNKED, SIZED], ids=["chunked", "content-length"])
+def test_keep_alive_reuses_the_connection(response: bytes) -> None:
+    async def main() -> tuple[list[bytes], int]:
+        async with Server(answering(response, response, response)) as server:
+            pool = http1.Pool(server.url)
+            bodies = []
+            for _ in range(3):
+                resp = await pool.request("GET", "/x")
+                bodies.append(await resp.read())
+                await resp.aclose()
+            await pool.aclose()
+            return bodies, server.connections
+
+    bodies, connections = run(main())
+    assert bodies == [bodies[0]] * 3 and bodies[0] in (b"hello world", b"hello")
+    assert connections == 1
+
+
+def test_a_body_that_ends_with_the_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+
+    async def main() -> tuple[bytes, int]:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            body = await resp.read()
+            await resp.aclose()
+            idle = pool.idle_connections
+            await pool.aclose()
+            return body, idle
+
+    assert run(main()) == (b"all of it", 0)
+
+
+def test_request_line_headers_and_body_go_out_as_given() -> None:
+    seen: list[tuple[bytes, dict[str, str], bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(SIZED)
+        await writer.drain()
+
+    async def main() -> None:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url + "/prefix/", headers={"User-Agent": "ua"})
+            resp = await pool.request("POST", "/v1/x", b'{"a":1}', {"content-type": "application/json"})
+            await resp.read()
+            await resp.aclose()
+            await pool.aclose()
+
+    run(main())
+    line, headers, body = seen[0]
+    assert line == b"POST /prefix/v1/x HTTP/1.1"
+    assert headers["user-agent"] == "ua" and headers["content-type"] == "application/json"
+    assert headers["host"].startswith("127.0.0.1:") and body == b'{"a":1}'
+
+
+def test_header_values_cannot_smuggle_lines() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        http1.Pool("http://127.0.0.1:1", headers={"x": "a\r\nevil: 1"})
+
+
+def test_reading_pauses_at_the_high_water_mark_and_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "READ_HIGH_WATER", 1000)
+    total = 200_000
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // 1000):
+            writer.write(b"x" * 1000)
+            await writer.drain()
+        await reader.read()
+
+    async def main() -> tuple[int, bool]:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            await asyncio.sleep(0.2)  # the server keeps writing; we do not read
+            conn = resp._conn
+            assert conn is not None
+            paused, held = conn.paused, conn.buffered
+            assert held < total  # the socket was left to fill up
+            body = await resp.read()
+            await resp.aclose()
+            await pool.aclose()
+            return len(body), paused
+
+    size, paused = run(main())
+    assert size == total and paused
+
+
+def test_closing_a_response_early_closes_its_connection() -> None:
+    hung_up = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        await reader.read()  # EOF: the client hung up
+        hung_up.set()
+
+    async def main() -> int:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            assert await resp.next_piece() == b"abc"
+            await resp.aclose()
+            await asyncio.wait_for(hung_up.wait(), 2)
+            idle = pool.idle_connections
+            await pool.aclose()
+            return idle
+
+    assert run(main()) == 0
+
+
+def test_an_expired_idle_connection_is_not_reused() -> None:
+    async def main() -> int:
+        async with Server(answering(SIZED, SIZED)) as server:
+            pool = http1.Pool(server.url, idle_expiry_s=0.05)
+            for _ in range(2):
+                resp = await pool.request("GET", "/")
+                await resp.read()
+                await resp.aclose()
+                await asyncio.sleep(0.1)
+            await pool.aclose()
+            return server.connections
+
+    assert run(main()) == 2
+
+
+def test_the_pool_limit_makes_the_next_request_wait_then_time_out() -> None:
+    async def main() -> None:
+        async with Server(answering(SIZED, SIZED)) as server:
+            pool = http1.Pool(server.url, max_connections=1, acquire_timeout_s=0.1)
+            first = await pool.request("GET", "/")
+            with pytest.raises(http1.PoolTimeout):
+                await pool.request("GET", "/")
+            await first.read()
+            await first.aclose()
+            second = await pool.request("GET", "/")  # the slot is free again
+            assert await second.read() == b"hello"
+            await second.aclose()
+            await pool.aclose()
+
+    run(main())
+
+
+def test_no_answer_before_the_deadline_is_a_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async def main() -> None:
+        async with Server(silent) as server:
+            pool = http1.Pool(server.url)
+            deadline = asyncio.get_running_loop().time() + 0.1
+            with pytest.raises(TimeoutError):
+                await pool.request("GET", "/", deadline=deadline)
+            assert pool.busy_connections == 0
+            await pool.aclose()
+
+    run(main())
+
+
+def test_a_refused_connection_is_a_connect_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: refused
+
+    async def main() -> None:
+        pool = http1.Pool(f"http://127.0.0.1:{port}")
+        with pytest.raises(http1.ConnectError):
+            await pool.request("GET", "/")
+        await pool.aclose()
+
+    run(main())
+
+
+def test_a_connection_cut_mid_body_is_an_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    async def main() -> None:
+        async with Server(cut) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            with pytest.raises(http1.ConnectionClosed):
+                await resp.read()
+            await resp.aclose()
+            await pool.aclose()
+
+    run(main())
+
+
+def test_garbage_is_a_protocol_error() -> None:
+    async def main() -> None:
+        async with Server(answering(b"SMTP ready\r\n\r\n")) as server:
+            pool = http1.Pool(server.url)
+            with pytest.raises(http1.ProtocolError):
+                await pool.request("GET", "/")
+            await pool.aclose()
+
+    run(main())
