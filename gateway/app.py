@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 from contextlib import asynccontextmanager
 
-import anyio
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.config.app import AppConfig
@@ -145,27 +145,26 @@ async def _serve(request: Request, gateway: Gateway, spec: RequestSpec) -> Respo
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     """Await `work`, cancelling it (and so the backend's generation) if the client goes away
     first; None then. Streams get the same from Litestar once their body has started."""
-    result: list[T] = []
-    failure: list[Exception] = []
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
 
-    async def run(scope: anyio.CancelScope) -> None:
-        try:
-            result.append(await work)
-        except Exception as exc:  # re-raised below as itself, not wrapped in an ExceptionGroup
-            failure.append(exc)
-        scope.cancel()
-
-    async def watch_disconnect(scope: anyio.CancelScope) -> None:
+    async def watch_disconnect() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        scope.cancel()
+        gone = True
+        task.cancel()
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(run, tasks.cancel_scope)
-        tasks.start_soon(watch_disconnect, tasks.cancel_scope)
-    if failure:
-        raise failure[0]
-    return result[0] if result else None
+    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:
+            return None
+        raise
+    finally:
+        watcher.cancel()
 
 
 @get("/v1/models", summary="List the models this gateway serves.")
