@@ -62,19 +62,23 @@ ARMS = ("direct", "switchyard", "litellm")
 
 
 async def closed_loop(arm: Arm, *, stream: bool, concurrency: int, requests: int, tokens: int,
-                      max_seconds: float) -> dict:
+                      max_seconds: float, stagger: bool = True) -> dict:
     data = chat_body(MODEL, stream=stream, max_tokens=tokens)
     conns = await asyncio.gather(*(Connection.open(arm.port, headers=arm.headers) for _ in range(concurrency)))
     # one request per connection first: connections open and warm on both sides of the gateway
-    await asyncio.gather(*(c.post(arm.path, data) for c in conns))
+    warm = await asyncio.gather(*(c.post(arm.path, data) for c in conns))
+    # workers start spread over one request's duration, so that the cell measures `concurrency`
+    # streams in flight rather than `concurrency` requests arriving in the same millisecond
+    spread = sorted(t.total_s for t in warm)[len(warm) // 2] if stagger else 0.0
     totals: list[float] = []
     ttfts: list[float] = []
     errors = 0
     issued = 0
     deadline = time.perf_counter() + max_seconds
 
-    async def worker(conn: Connection) -> None:
+    async def worker(conn: Connection, delay: float) -> None:
         nonlocal issued, errors
+        await asyncio.sleep(delay)
         while issued < requests and time.perf_counter() < deadline:
             issued += 1
             try:
@@ -95,7 +99,7 @@ async def closed_loop(arm: Arm, *, stream: bool, concurrency: int, requests: int
     load0 = load_average()
     with ResourceMeter(arm.pid) as meter:
         start = time.perf_counter()
-        await asyncio.gather(*(worker(c) for c in conns))
+        await asyncio.gather(*(worker(c, i * spread / concurrency) for i, c in enumerate(conns)))
         wall = time.perf_counter() - start
     for c in conns:
         c.close()
@@ -229,7 +233,8 @@ async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> dict:
             for name in order:
                 busy = quiet(args)
                 row = await closed_loop(arms[name], stream=stream, concurrency=concurrency, requests=requests,
-                                        tokens=args.tokens, max_seconds=args.max_cell_seconds)
+                                        tokens=args.tokens, max_seconds=args.max_cell_seconds,
+                                        stagger=args.start == "staggered")
                 row["others_busy_pct"] = busy * 100
                 runs[name].append(row)
         group = [median_of_rows(runs[n]) for n in names]
@@ -312,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-requests", type=int, default=60, help="closed loop: at least this many per cell")
     parser.add_argument("--per-connection", type=int, default=4, help="closed loop: requests per connection")
     parser.add_argument("--max-cell-seconds", type=float, default=30.0, help="closed loop: cap on one cell")
+    parser.add_argument("--start", choices=("staggered", "together"), default="staggered",
+                        help="closed loop: workers start spread over one request's duration (steady state), or "
+                             "all at once (a burst of `concurrency` simultaneous arrivals every round)")
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU of each gateway, measured first")
     parser.add_argument("--skip-rate-sweep", action="store_true")
     parser.add_argument("--start-rps", type=float, default=20.0)
@@ -332,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = {**arm_versions(), "client": loop_name}
     info = print_header("gateway overhead: direct vs Switchyard vs LiteLLM", versions)
     print(f"upstream: {args.tokens} tokens {args.pace_ms:g} ms apart; concurrency {args.concurrency}; "
-          f"repeats {args.repeats}", flush=True)
+          f"repeats {args.repeats}; closed-loop workers start {args.start}", flush=True)
     load0 = load_average()
     with started_arms(args.arms, tokens=args.tokens, pace_ms=args.pace_ms,
                       keepalive=args.switchyard_keepalive) as (_upstream, arms):
