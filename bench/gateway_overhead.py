@@ -7,7 +7,9 @@ LiteLLM's proxy (pinned, its own venv: bench/litellm_env.py). The client is a mi
 keep-alive HTTP/1.1 client on raw asyncio (uvloop), in this process.
 
 Phase 1, closed loop: concurrency 1, 16, 64, 256, streaming and not; each cell runs every arm
-in turn (the order rotates) `--repeats` times and keeps the median of each figure. Per arm:
+in turn (the order rotates) `--repeats` times and keeps the median of each figure. The workers
+start spread over one request's duration, so a cell holds that many streams in flight
+(`--start together`: all at once, a burst of simultaneous arrivals every round). Per arm:
 p50/p99 latency and time to first token, the same minus direct's ("added"), requests/s,
 gateway CPU seconds per 1,000 requests (user+system of the server's process tree, psutil), peak
 RSS (sampled every 50 ms).
