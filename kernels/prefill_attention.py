@@ -187,8 +187,8 @@ def paged_attention_prefill_reference(
                 f"block_tables has {block_tables.shape[1]} columns"
             )
         block_ids = block_tables[b, :num_blocks].long()  # [nb]
-        k = gather_heads(k_cache, block_ids)[:, :seq_len]  # [Hkv, S, D]
-        v = gather_heads(v_cache, block_ids)[:, :seq_len]  # [Hkv, S, D]
+        k, v = gather_heads(k_cache, v_cache, block_ids)
+        k, v = k[:, :seq_len], v[:, :seq_len]  # [Hkv, S, D] each
         # the G query heads of a kv head, all positions, as the rows of one matrix: [Hkv, G * q_len, D]
         qb = q[cu[b] : cu[b + 1]].float().reshape(q_len, num_kv_heads, group, head_dim)
         qb = qb.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)

@@ -94,6 +94,18 @@ def test_head_major_cache_storage(impl, dtype: torch.dtype) -> None:
     assert_close(out, expected, "attention")
 
 
+@pytest.mark.parametrize("gather_bytes", [1, 1_000_000])
+def test_reference_in_groups_of_sequences(monkeypatch, gather_bytes: int) -> None:
+    """A small gather budget splits the batch (one sequence per group, or a few): same result."""
+    from kernels import decode_attention
+
+    q, k_cache, v_cache, tables, seq_lens, scale = _case(64, 4, torch.float32, seed=5)
+    whole = paged_attention_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale)
+    monkeypatch.setattr(decode_attention, "GATHER_BYTES", gather_bytes)
+    grouped = paged_attention_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale)
+    torch.testing.assert_close(grouped, whole, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("impl", [paged_attention_decode_triton, paged_attention_decode_reference])
 def test_bad_arguments_are_named(impl) -> None:
     q, k_cache, v_cache, tables, seq_lens, scale = _case(32, 2, torch.float32, seq_lens=[3, 5])
