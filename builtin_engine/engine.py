@@ -29,6 +29,7 @@ import torch
 
 from builtin_engine.block_manager import BlockManager
 from builtin_engine.config import EngineConfig, resolve_max_model_len
+from builtin_engine.cpu_threads import call_in_own_thread
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.loader import load_weights, read_model_config
@@ -118,18 +119,23 @@ class LLMEngine:
         detokenizer_factory: DetokenizerFactory | None = None,
         device: str | torch.device = "cpu",
     ) -> LLMEngine:
-        """Load a checkpoint directory (see `builtin_engine.loader`) and build the engine."""
+        """Load a checkpoint directory (see `builtin_engine.loader`) and build the engine, in a
+        thread of its own (see `builtin_engine.cpu_threads`)."""
         config = config or EngineConfig()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        model_config = read_model_config(Path(model_dir))
-        weights = load_weights(Path(model_dir), model_config, config.dtype)
-        if torch.device(device).type != "cpu":
-            weights = weights.to(torch.device(device))
-        matmul_dtype = getattr(torch, config.matmul_dtype) if config.matmul_dtype else None
-        model = LlamaModel(model_config, weights, max_positions=resolve_max_model_len(model_config, config),
-                           matmul_dtype=matmul_dtype)
-        return cls(model, config=config, eos_token_ids=eos_token_ids, detokenizer_factory=detokenizer_factory)
+
+        def build() -> LLMEngine:
+            model_config = read_model_config(Path(model_dir))
+            weights = load_weights(Path(model_dir), model_config, config.dtype)
+            if torch.device(device).type != "cpu":
+                weights = weights.to(torch.device(device))
+            matmul_dtype = getattr(torch, config.matmul_dtype) if config.matmul_dtype else None
+            model = LlamaModel(model_config, weights, max_positions=resolve_max_model_len(model_config, config),
+                               matmul_dtype=matmul_dtype)
+            return cls(model, config=config, eos_token_ids=eos_token_ids, detokenizer_factory=detokenizer_factory)
+
+        return call_in_own_thread(build, name="builtin-engine-load")
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
