@@ -12,10 +12,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"  # weights, activations, KV cache
-    # Precision of the projections (q/k/v, o, gate/up, down, lm_head); None: `dtype`. "bfloat16"
-    # with dtype "float32" stores those matrices in bfloat16 and rounds their inputs to it, the
-    # rest staying float32: ~2.5x faster matmuls on CPUs with AVX-512 BF16 or AMX, not
-    # token-exact against a float32 reference.
+    # Precision of the decoder layers' projections (q/k/v, o, gate/up, down); None: `dtype`.
+    # "bfloat16" with dtype "float32" stores those matrices in bfloat16 and rounds their inputs and
+    # outputs to it; embedding, norms, attention, residual stream, KV cache and lm_head (logits)
+    # stay float32. With AMX, the projections run ~2x faster at one decoding stream and ~5x at 32
+    # (oneDNN-packed matrices); not token-exact against a float32 reference (see
+    # `builtin_engine.llama.LlamaModel`).
     matmul_dtype: Literal["float32", "bfloat16"] | None = None
     # Longest prompt + completion; None: the model's max_position_embeddings, capped by the KV
     # cache (and a sliding window, when the model has one).

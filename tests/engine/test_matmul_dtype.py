@@ -25,6 +25,24 @@ def test_projections_in_bfloat16_the_rest_in_float32(make_engine) -> None:  # no
     assert engine.runner.kv_cache.keys[0].dtype == torch.float32
 
 
+def test_packed_projection_gives_the_plain_bfloat16_matmul(make_engine) -> None:  # noqa: ANN001
+    """On CPUs where oneDNN packs bfloat16 weights, the packed matmul is the one `F.linear` runs on
+    bfloat16 operands, bit for bit (only the per-call weight reordering is saved)."""
+    from builtin_engine.llama import _pack_for_onednn
+
+    model = make_engine(matmul_dtype="bfloat16").runner.model
+    torch.manual_seed(0)
+    weight = torch.randn(48, 32).to(torch.bfloat16)
+    bias = torch.randn(48)
+    packed = _pack_for_onednn(weight)
+    for rows in (1, 7, 33):
+        x = torch.randn(rows, 32)
+        expected = torch.nn.functional.linear(x.to(torch.bfloat16), weight).float() + bias
+        assert torch.equal(model._linear(x, packed, bias), expected)  # matmul_dtype bfloat16
+        x, bf16_bias = x.to(torch.bfloat16), bias.to(torch.bfloat16)  # dtype bfloat16
+        assert torch.equal(model._linear(x, packed, bf16_bias), torch.nn.functional.linear(x, weight, bf16_bias))
+
+
 def test_close_to_float32(make_engine) -> None:  # noqa: ANN001
     """The first token's logprob distribution barely moves: same greedy pick, logprobs within 0.1."""
     rng = random.Random(3)
