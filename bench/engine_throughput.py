@@ -17,7 +17,8 @@ freed, while the most streams decode, and while a long prompt is being prefilled
 
     .venv/bin/python bench/engine_throughput.py                 # the default model, ~6 min on 2 cores
     .venv/bin/python bench/engine_throughput.py --matmul-dtype bfloat16   # bf16 projections
-    .venv/bin/python bench/engine_throughput.py --smoke         # the tiny test model, a few seconds
+    .venv/bin/python bench/engine_throughput.py --matmul-dtype float32,bfloat16   # both, side by side
+    .venv/bin/python bench/engine_throughput.py --smoke         # the tiny test model, well under a minute
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Result:
     def row(self) -> str:
         ttft = f"{self.ttft_s * 1e3:9.0f}" if self.ttft_s is not None else f"{'-':>9}"
         itl = f"{self.itl_s * 1e3:8.1f}" if self.itl_s is not None else f"{'-':>8}"
-        return f"{self.name:<12} {self.streams:>7} {self.tokens_per_s:>10.1f} {ttft} {itl}"
+        return f"{self.name:<14} {self.streams:>7} {self.tokens_per_s:>10.1f} {ttft} {itl}"
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -57,7 +58,8 @@ def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[i
     return [[rng.randrange(10, vocab_size) for _ in range(length)] for _ in range(n)]
 
 
-def bench_builtin(engine, streams: int, prompt_len: int, output_len: int, seed: int) -> Result:  # noqa: ANN001
+def bench_builtin(engine, streams: int, prompt_len: int, output_len: int, seed: int,  # noqa: ANN001
+                  name: str = "builtin") -> Result:
     from builtin_engine.sampling_params import SamplingParams
 
     engine.block_manager.reset_prefix_cache()  # no help from earlier runs
@@ -83,7 +85,7 @@ def bench_builtin(engine, streams: int, prompt_len: int, output_len: int, seed: 
     total = sum(r[2] for r in results)
     assert total == streams * output_len, (total, streams * output_len)
     itls = [gap for r in results for gap in r[1]]
-    return Result("builtin", streams, total / elapsed, statistics.mean(r[0] for r in results),
+    return Result(name, streams, total / elapsed, statistics.mean(r[0] for r in results),
                   statistics.median(itls) if itls else None)
 
 
@@ -166,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads, both engines")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both engines")
-    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default=None,
-                        help="the built-in engine's projection precision (default: --dtype)")
+    parser.add_argument("--matmul-dtype", default=None, metavar="DTYPE[,DTYPE]",
+                        help="the built-in engine's projection precision, float32 or bfloat16 (default: --dtype); "
+                             "two, comma-separated: one built-in row each, side by side")
     parser.add_argument("--abort-trials", type=int, default=8, help="aborts timed per situation (0: skip)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--hf-serial-requests", type=int, default=2, help="requests timed for the serial baseline")
@@ -187,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-tiny-")) / "model")
         args.prompt_tokens, args.output_tokens = min(args.prompt_tokens, 32), min(args.output_tokens, 16)
+        args.abort_trials = min(args.abort_trials, 2)
     else:
         model_dir = resolve_model(args.model or DEFAULT_MODEL)
     streams = [int(s) for s in args.streams.split(",")]
+    matmul_dtypes = args.matmul_dtype.split(",") if args.matmul_dtype else [None]
+    if args.matmul_dtype and not set(matmul_dtypes) <= {"float32", "bfloat16"}:
+        parser.error(f"--matmul-dtype: float32 or bfloat16, got {args.matmul_dtype!r}")
     print(f"model {model_dir}\n{args.prompt_tokens} prompt tokens, {args.output_tokens} output tokens per stream, "
           f"greedy, ignore_eos; torch {torch.__version__}, {args.num_threads} thread(s), {args.dtype}"
           f"{f', builtin matmuls {args.matmul_dtype}' if args.matmul_dtype else ''}; "
@@ -198,22 +205,26 @@ def main(argv: list[str] | None = None) -> int:
     kv_tokens = max(streams) * (args.prompt_tokens + args.output_tokens) + 256
     if args.abort_trials:
         kv_tokens = max(kv_tokens, max(streams) * (args.prompt_tokens + 64) + 5 * args.max_num_batched_tokens + 1024)
-    engine = LLMEngine.from_model_dir(model_dir, config=EngineConfig(
-        dtype=args.dtype, matmul_dtype=args.matmul_dtype, max_num_seqs=max(streams) + 1,
-        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_tokens=kv_tokens))
-    engine.start()
-    bench_builtin(engine, 2, 16, 4, seed=99)  # warm-up
-    ours = {}
-    for n in streams:
-        ours[n] = bench_builtin(engine, n, args.prompt_tokens, args.output_tokens, seed=n)
-        print(ours[n].row(), flush=True)
-    aborts = bench_abort_latency(engine, max(streams), args.prompt_tokens, args.abort_trials, seed=5) \
-        if args.abort_trials else None
-    engine.shutdown()
+    ours: dict[str, dict[int, Result]] = {}  # per built-in row name, per number of streams
+    aborts = None
+    for matmul_dtype in matmul_dtypes:
+        name = "builtin" if len(matmul_dtypes) == 1 else f"builtin {'bf16' if matmul_dtype == 'bfloat16' else 'f32'}mm"
+        engine = LLMEngine.from_model_dir(model_dir, config=EngineConfig(
+            dtype=args.dtype, matmul_dtype=matmul_dtype, max_num_seqs=max(streams) + 1,
+            max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_tokens=kv_tokens))
+        engine.start()
+        bench_builtin(engine, 2, 16, 4, seed=99)  # warm-up
+        ours[name] = {}
+        for n in streams:
+            ours[name][n] = bench_builtin(engine, n, args.prompt_tokens, args.output_tokens, seed=n, name=name)
+            print(ours[name][n].row(), flush=True)
+        if args.abort_trials and aborts is None:  # the first engine's only
+            aborts = bench_abort_latency(engine, max(streams), args.prompt_tokens, args.abort_trials, seed=5)
+        engine.shutdown()
     vocab = engine.model_config.vocab_size
 
-    header = f"{'engine':<12} {'streams':>7} {'tok/s':>10} {'TTFT ms':>9} {'ITL ms':>8}"
-    results = list(ours.values())
+    header = f"{'engine':<14} {'streams':>7} {'tok/s':>10} {'TTFT ms':>9} {'ITL ms':>8}"
+    results = [result for rows in ours.values() for result in rows.values()]
     serial = None
     batched: dict[int, Result] = {}
     if not args.skip_hf:
@@ -235,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         print(result.row())
     if serial is not None:
-        print("\nratio builtin / transformers (output tokens/s)")
-        for n in streams:
-            line = f"  {n:>3} streams: {ours[n].tokens_per_s / serial.tokens_per_s:5.2f}x vs one at a time"
-            if n in batched:
-                line += f", {ours[n].tokens_per_s / batched[n].tokens_per_s:5.2f}x vs batched"
-            print(line)
+        for name, rows in ours.items():
+            print(f"\nratio {name} / transformers (output tokens/s)")
+            for n in streams:
+                line = f"  {n:>3} streams: {rows[n].tokens_per_s / serial.tokens_per_s:5.2f}x vs one at a time"
+                if n in batched:
+                    line += f", {rows[n].tokens_per_s / batched[n].tokens_per_s:5.2f}x vs batched"
+                print(line)
     if aborts is not None:
         print(f"\nabort latency, abort() to blocks freed, {args.abort_trials} trials each (ms): median / max")
         for kind, values in aborts.items():
