@@ -96,8 +96,9 @@ def engines_md(rep: dict) -> list[str]:
     if rep.get("ratios"):
         out += ["", "builtin / peer (output tokens/s):", ""]
         for e in rep["ratios"]:
-            out.append(f"- {e['streams']} streams: " + ", ".join(f"{k} {fmt(v)}x" for k, v in e.items()
-                                                                 if k != "streams" and v is not None))
+            out.append(f"- {e.get('engine', 'builtin')}, {e['streams']} streams: "
+                       + ", ".join(f"{k} {fmt(v)}x" for k, v in e.items()
+                                   if k not in ("engine", "streams") and v is not None))
     if rep.get("prefix_cache"):
         out += ["", "| engine | prefix tokens | first ms | second ms | gain |", "|---|---|---|---|---|"]
         for name, p in rep["prefix_cache"].items():
