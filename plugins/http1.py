@@ -68,7 +68,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.reused = False
         self.paused = False
         self.idle_since = 0.0
         self._reset()
@@ -253,12 +252,11 @@ class Pool:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.tls = url.scheme == "https"
         self.host = url.hostname
-        self.port = url.port or (443 if self.tls else 80)
+        default_port = 443 if self.tls else 80
+        self.port = url.port or default_port
         self.prefix = url.path.rstrip("/")
-        default_port = self.port == (443 if self.tls else 80)
-        authority = url.hostname if default_port else f"{url.hostname}:{self.port}"
-        if ":" in url.hostname:  # IPv6 literal
-            authority = f"[{url.hostname}]" if default_port else f"[{url.hostname}]:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal goes in brackets
+        authority = host if self.port == default_port else f"{host}:{self.port}"
         fields = {"host": authority, **{k.lower(): v for k, v in (headers or {}).items()}}
         self._head_fields = _header_block(fields)
         self.max_idle = max_idle
@@ -278,11 +276,7 @@ class Pool:
         if self._closed:
             raise ConnectError("the connection pool is closed")
         message = self._message(method, path, body, headers)
-        try:
-            async with asyncio.timeout(self.acquire_timeout_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise PoolTimeout("every connection stayed busy") from None
+        await self._acquire_slot()
         try:
             for attempt in (1, 2):
                 conn = await self._connection(deadline)
@@ -306,6 +300,16 @@ class Pool:
             raise
         raise AssertionError("unreachable")
 
+    async def _acquire_slot(self) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # returns at once: no timer needed
+            return
+        try:
+            async with asyncio.timeout(self.acquire_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout("every connection stayed busy") from None
+
     def _message(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
         head = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode())
         extra = _header_block(headers) if headers else b""
@@ -321,7 +325,6 @@ class Pool:
             if now - conn.idle_since > self.idle_expiry_s:
                 conn.close()
                 continue
-            conn.reused = True
             self._busy.add(conn)
             return conn
         conn = await self._connect(deadline)

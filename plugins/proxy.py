@@ -40,7 +40,6 @@ from typing import Any, ClassVar
 import msgspec
 
 from plugins import http1
-
 from plugins.errors import (
     ConfigError,
     ContextLengthExceeded,
