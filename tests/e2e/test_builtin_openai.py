@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from tests.faults.harness import wait_until
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,13 @@ def _tokenize(base_url: str, messages: list[dict[str, str]]) -> list[int]:
     return body["tokens"]
 
 
+def _in_flight(base_url: str) -> float:
+    """Requests the gateway is serving now, from its /metrics."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("switchyard_requests_in_flight{"))
+
+
 def test_streamed_answer_from_the_default_model(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model=MODEL, messages=FRANCE, temperature=0, max_tokens=20,
                                             stream=True)
@@ -117,6 +125,7 @@ def test_second_identical_request_is_served_from_the_prefix_cache(client: openai
 def test_lower_priority_value_is_served_first_under_load(client: openai.OpenAI, base_url: str) -> None:
     """One batch slot, held by a long request; three more arrive with priorities 5, 0 and 2 (in
     that order) and must finish in priority order, not arrival order."""
+    already = _in_flight(base_url)
     blocker = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Count from one to one hundred."}], temperature=0,
         max_tokens=60, stream=True, extra_body={"ignore_eos": True},
@@ -135,10 +144,11 @@ def test_lower_priority_value_is_served_first_under_load(client: openai.OpenAI, 
             finished.append(priority)
 
     threads = []
-    for priority in (5, 0, 2):
+    for priority in (5, 0, 2):  # arrival order 5, 0, 2: each waits until the one before is in
         threads.append(threading.Thread(target=queued, args=(priority,)))
         threads[-1].start()
-        time.sleep(0.3)  # arrival order 5, 0, 2
+        assert wait_until(lambda: _in_flight(base_url) == already + 1 + len(threads), timeout=30), _in_flight(base_url)
+    assert not finished, "the blocker ended before every request was queued; give it more tokens"
     for chunk in blocker:
         pass
     for thread in threads:
