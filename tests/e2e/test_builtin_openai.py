@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.faults.harness import wait_until
+from tests.support.probes import metric, wait_until
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -75,9 +75,7 @@ def _tokenize(base_url: str, messages: list[dict[str, str]]) -> list[int]:
 
 def _in_flight(base_url: str) -> float:
     """Requests the gateway is serving now, from its /metrics."""
-    text = httpx.get(base_url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("switchyard_requests_in_flight{"))
+    return metric(httpx.get(base_url + "/metrics", timeout=10).text, "switchyard_requests_in_flight")
 
 
 def test_streamed_answer_from_the_default_model(client: openai.OpenAI) -> None:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.faults.harness import GatewayThread, wait_until
+from tests.faults.harness import GatewayThread
+from tests.support.probes import wait_until
 from tests.support import faulty_upstream
 from tests.support.faulty_upstream import FaultyUpstream
 from tests.support.server import free_port

@@ -83,12 +83,3 @@ class GatewayThread:
 def _describe(task: asyncio.Task[Any]) -> str:
     coro = task.get_coro()
     return getattr(coro, "__qualname__", repr(coro))
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 5.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(interval)
-    return check()

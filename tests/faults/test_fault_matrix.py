@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.faults.conftest import ENGINES, FIRST_BYTE_S, IDLE_S, chat
-from tests.faults.harness import wait_until
+from tests.support.probes import wait_until
 from tests.gateway.helpers import assert_error_shape
 from tests.support.faulty_upstream import FaultyUpstream
 

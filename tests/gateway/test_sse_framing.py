@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from tests.faults.harness import wait_until
 from tests.gateway.conftest import TOKEN_DELAY_S, Server
 from tests.gateway.helpers import assert_error_shape, chat_body, data_events, split_events, user
+from tests.support.probes import metric, wait_until
 
 # A disconnect must reach the backend within this many seconds (the contract's 100 ms).
 CANCEL_DEADLINE_S = 0.100
@@ -163,11 +163,7 @@ def _wait_cancel(server: Server, request_id: str, timeout: float = 3.0) -> float
 
 
 def _requests_total(http: httpx.Client, route: str, outcome: str) -> float:
-    text = http.get("/metrics").text
-    for line in text.splitlines():
-        if line.startswith("switchyard_requests_total{") and f'route="{route}"' in line and f'outcome="{outcome}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric(http.get("/metrics").text, "switchyard_requests_total", route=route, outcome=outcome)
 
 
 LONG = " ".join(f"w{i}" for i in range(200))  # 200 tokens at 50 ms: 10 s if nobody cancels

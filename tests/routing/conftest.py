@@ -66,18 +66,6 @@ async def running_gateway(text: str) -> AsyncIterator[Gateway]:
         await gateway.close()
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of every sample of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        found = dict(pair.split("=", 1) for pair in line[len(name) + 1 : line.index("}")].replace('"', "").split(","))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

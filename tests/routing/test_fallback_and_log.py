@@ -12,7 +12,8 @@ import pytest
 from gateway.responses import collect, open_stream
 from plugins import hookimpl
 from plugins.errors import InvalidRequest, Overloaded, UpstreamError
-from tests.routing.conftest import backend, config_text, metric, route, running_gateway, spec
+from tests.routing.conftest import backend, config_text, route, running_gateway, spec
+from tests.support.probes import metric
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,8 @@ import pytest
 from gateway.responses import collect, open_stream
 from plugins.errors import UpstreamError
 from plugins.health import BreakerState, CircuitBreaker, HealthMonitor
-from tests.routing.conftest import backend, config_text, metric, route, running_gateway, spec
+from tests.routing.conftest import backend, config_text, route, running_gateway, spec
+from tests.support.probes import metric
 
 pytestmark = pytest.mark.anyio
 

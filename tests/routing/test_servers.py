@@ -17,7 +17,8 @@ import pytest
 
 from gateway.cli import main
 from tests.gateway.helpers import chat_body, data_events
-from tests.routing.conftest import backend, config_text, metric, route
+from tests.routing.conftest import backend, config_text, route
+from tests.support.probes import metric, wait_until
 from tests.support.server import echo_config, running_server
 
 ARMS = backend("a", answer_prefix="A") + backend("b", answer_prefix="B")
@@ -111,10 +112,7 @@ def _metrics(http: httpx.Client) -> str:
 
 
 def _wait_for(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    assert wait_until(check, timeout), "timed out"
 
 
 def test_fallback_past_a_killed_upstream_process(fallback_gateway: tuple[str, ExitStack, Path]) -> None:

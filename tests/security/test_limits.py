@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.harness import GatewayThread, wait_until
+from tests.faults.harness import GatewayThread
+from tests.support.probes import wait_until
 from tests.gateway.conftest import backend_table
 from tests.gateway.helpers import assert_error_shape, chat_body
 from tests.support.server import echo_config

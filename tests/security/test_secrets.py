@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.harness import wait_until
 from tests.support import faulty_upstream
+from tests.support.probes import wait_until
 from tests.support.faulty_upstream import FaultyUpstream
 from tests.support.server import running_server
 
