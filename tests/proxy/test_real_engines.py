@@ -184,19 +184,19 @@ def _shape(chunks: list[Any]) -> list[str]:
     """The stream's chunk kinds in order, runs of text collapsed. The finish reason rides on the
     last text chunk when the engine produced both at once (vLLM coalesces its last tokens when
     the client reads slower than it decodes) and comes alone otherwise; the contract allows
-    both, so the shape lists it on its own either way."""
+    both, so that one pair is listed as two kinds."""
     shape: list[str] = []
     for c in chunks:
         if not c.choices:
-            kinds = ["usage:" + ",".join(sorted(c.usage.model_dump(exclude_none=True)))]
+            kind = "usage:" + ",".join(sorted(c.usage.model_dump(exclude_none=True)))
         else:
             ch = c.choices[0]
-            kinds = [k for k, present in (("role", ch.delta.role), ("text", ch.delta.content),
-                                          (f"finish:{ch.finish_reason}", ch.finish_reason)) if present]
-            assert kinds, f"empty chunk: {c}"
-        for kind in kinds:
-            if not shape or shape[-1] != kind or kind != "text":
-                shape.append(kind)
+            kind = ("role" if ch.delta.role else "") + ("text" if ch.delta.content else "") + (
+                f"finish:{ch.finish_reason}" if ch.finish_reason else "")
+            assert kind, f"empty chunk: {c}"
+        for part in (["text", kind[len("text"):]] if kind.startswith("textfinish:") else [kind]):
+            if not shape or shape[-1] != part or part != "text":
+                shape.append(part)
     return shape
 
 
