@@ -26,7 +26,7 @@ from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
-from gateway.responses import collect, open_stream
+from gateway.chat_completions import collect, open_stream
 from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied

@@ -3,7 +3,7 @@
 The gateway turns a validated HTTP request into a `RequestSpec`; a backend turns that spec into
 an async stream of events; the gateway alone turns events into bytes. Events per request:
 
-    TextDelta / ToolCallDelta ...   (any number, per choice `index`)
+    TextDelta / ReasoningDelta / ToolCallDelta ...   (any number, per choice `index`)
     Finish(index, reason)           (exactly one per choice)
     Usage(...)                      (exactly one, last)
 
@@ -126,6 +126,16 @@ class TextDelta(msgspec.Struct, frozen=True, tag="text"):
     logprobs: list[TokenLogprob] | None = None
 
 
+class ReasoningDelta(msgspec.Struct, frozen=True, tag="reasoning"):
+    """New reasoning ("thinking") text for choice `index`, kept apart from the answer: a
+    backend's reasoning parser splits it off (e.g. `<think>...</think>`); the front-ends send it
+    as `reasoning_content`, Responses `reasoning` items or Messages `thinking` blocks."""
+
+    text: str
+    index: int = 0
+    token_ids: tuple[int, ...] = ()
+
+
 class ToolCallDelta(msgspec.Struct, frozen=True, tag="tool_call"):
     """A fragment of tool call `tool_index` of choice `index`: `id` and `name` come with the
     first fragment of a call, `arguments` is appended to what came before."""
@@ -149,9 +159,10 @@ class Usage(msgspec.Struct, frozen=True, tag="usage"):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None
+    reasoning_tokens: int | None = None  # of completion_tokens; None when not told apart
 
 
-Event = TextDelta | ToolCallDelta | Finish | Usage
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Usage
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):

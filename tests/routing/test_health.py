@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.responses import collect, open_stream
+from gateway.chat_completions import collect, open_stream
 from plugins.errors import UpstreamError
 from plugins.health import BreakerState, CircuitBreaker, HealthMonitor
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.responses import collect
+from gateway.chat_completions import collect
 from plugins.registry import Target
 from plugins.routing import API_KEY_HASH_HEADER, pick_least_busy, pick_rendezvous, sticky_key
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
