@@ -26,7 +26,10 @@ from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
-from gateway.chat_completions import collect, open_stream
+from gateway.chat_completions import WireFormat, collect, open_stream
+from gateway.messages_api import schemas as M
+from gateway.messages_api.translate import count_tokens_request, messages_spec
+from gateway.messages_api.wire import MESSAGES
 from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
@@ -62,11 +65,19 @@ async def _before_request(request: Request) -> Response | None:
         return handle_switchyard_error(request, ShuttingDown())
     keyring: KeyRing = request.app.state.keyring
     if keyring.enabled and not public:
-        key = keyring.authenticate(request.headers.get("authorization", ""))
+        key = keyring.authenticate(authorization_of(request.headers))
         if key is None:
             return handle_switchyard_error(request, AuthenticationFailed("Invalid or missing API key.", code="invalid_api_key"))
         request.state.client_key = key
     return None
+
+
+def authorization_of(headers: Any) -> str:
+    """The `Authorization` header, or Anthropic's `x-api-key` as a bearer token."""
+    authorization = headers.get("authorization", "")
+    if not authorization and headers.get("x-api-key"):
+        authorization = "Bearer " + headers["x-api-key"]
+    return authorization
 
 
 def _authorize(request: Request, model: str) -> None:
@@ -77,7 +88,9 @@ def _authorize(request: Request, model: str) -> None:
 
 
 _DECODERS: dict[type, msgspec.json.Decoder] = {
-    t: msgspec.json.Decoder(t) for t in (S.ChatCompletionRequest, S.CompletionRequest, S.TokenizeBody, S.DetokenizeBody, S.RenderBody)
+    t: msgspec.json.Decoder(t)
+    for t in (S.ChatCompletionRequest, S.CompletionRequest, S.TokenizeBody, S.DetokenizeBody, S.RenderBody,
+              M.MessagesRequest, M.CountTokensRequest)
 }
 
 
@@ -132,11 +145,33 @@ async def completions(request: Request, state: State) -> Response:
     return await _serve(request, gateway, spec)
 
 
-async def _serve(request: Request, gateway: Gateway, spec: RequestSpec) -> Response:
+@post("/v1/messages", status_code=200, summary="Create a message (Anthropic Messages API).")
+async def messages(request: Request, state: State) -> Response:
+    data = await _body(request, M.MessagesRequest)
+    gateway = _gateway(state)
+    _authorize(request, data.model)
+    check_messages(len(data.messages), gateway.config.server.max_messages)
+    spec = messages_spec(data, request_id=request.state.request_id)
+    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
+    return await _serve(request, gateway, spec, MESSAGES)
+
+
+@post("/v1/messages/count_tokens", status_code=200, summary="Count a message's input tokens (Anthropic Messages API).")
+async def count_message_tokens(request: Request, state: State) -> Response:
+    data = await _body(request, M.CountTokensRequest)
+    gateway = _gateway(state)
+    check_messages(len(data.messages), gateway.config.server.max_messages)
+    resolved = _resolve_for_tokens(request, gateway, data.model)
+    result = await resolved.backend.tokenize(count_tokens_request(data, upstream_model=resolved.target.model))
+    body = M.TokenCount(input_tokens=len(result.tokens))
+    return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
+
+
+async def _serve(request: Request, gateway: Gateway, spec: RequestSpec, wire: WireFormat | None = None) -> Response:
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
     spec = gateway.with_routing_keys(spec, request.headers)
-    served = await _unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec))
+    served = await _unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec, wire))
     if served is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     headers = _headers(request, served.backend)
@@ -336,7 +371,8 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, render, health, ready, metrics],
+        route_handlers=[chat_completions, completions, messages, count_message_tokens, list_models, get_model, tokenize,
+                        detokenize, render, health, ready, metrics],
         lifespan=[lifespan],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

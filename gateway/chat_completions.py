@@ -1,12 +1,17 @@
-"""Events → bytes: the streamed SSE body and the non-streaming response objects."""
+"""Events → bytes: the streamed SSE body and the non-streaming response objects.
+
+`open_stream` and `collect` run a request across its attempts (routing, fallback, limits, the
+deadline, metrics); what the client sees is a `WireFormat`'s: chat/legacy completions here
+(`CHAT`), another API's stream state and response builder for the other front-ends.
+"""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -31,7 +36,7 @@ from gateway.service import (
 from gateway.sse import DONE, ChunkEncoder, chat_logprobs_json, error_event
 from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
-from plugins.protocol import Event, Finish, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta, Usage
+from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta, Usage
 from plugins.registry import Target
 
 
@@ -190,10 +195,38 @@ class Observed:
         )
 
 
+class StreamState(Protocol):
+    """One streamed response's state: events in, the API's bytes out."""
+
+    usage: Usage | None
+
+    def start(self) -> bytes: ...
+
+    def feed(self, batch: list[Event]) -> bytes: ...
+
+    def check_complete(self, backend: str) -> None: ...
+
+    def finish(self, usage: Usage) -> bytes: ...
+
+    def error(self, status: int, payload: S.ErrorResponse) -> bytes:
+        """The bytes that end a stream the `payload` error broke (status: the HTTP status it
+        would have had)."""
+        ...
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """What a front-end makes of a request's events: `new_stream` the per-request stream state
+    (SSE), `build` the whole response object from the collected choices and the usage."""
+
+    new_stream: Callable[[Observed], StreamState]
+    build: Callable[[Gateway, RequestSpec, list[_Choice], Usage], Any]
+
+
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
+async def open_stream(gateway: Gateway, spec: RequestSpec, wire: WireFormat | None = None) -> Served:
     """Start a backend and wait for its first events, so that a failure before any token
     (context too long, upstream down) is still answered with a real HTTP status — and, on a
     route that allows more attempts, tried on the next target instead. Nothing has gone to
@@ -217,12 +250,12 @@ async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
             observed.end(exc, first_token=False)
             raise
         observed.committed()
-        return Served(body=_sse_body(observed, pump, first), backend=resolved.backend.name)
+        state = (wire or CHAT).new_stream(observed)
+        return Served(body=_sse_body(observed, pump, first, state), backend=resolved.backend.name)
 
 
-async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | None) -> AsyncIterator[bytes]:
+def _chat_stream(observed: Observed) -> _StreamState:
     spec = observed.spec
-    backend = observed.resolved.backend.name  # type: ignore[union-attr]
     encoder = ChunkEncoder(
         id=response_id(spec),
         created=int(time.time()),
@@ -231,7 +264,11 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
         chat=spec.kind == "chat",
         include_usage=spec.include_usage,
     )
-    state = _StreamState(encoder, spec)
+    return _StreamState(encoder, spec)
+
+
+async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | None, state: StreamState) -> AsyncIterator[bytes]:
+    backend = observed.resolved.backend.name  # type: ignore[union-attr]
     error: BaseException | None = None
     try:
         out = state.start()
@@ -249,9 +286,9 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
         yield state.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
-        payload = error_payload(exc, observed.gateway.redact)[1]
+        status, payload = error_payload(exc, observed.gateway.redact)
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        yield error_event(payload) + DONE
+        yield state.error(status, payload)
     except BaseException as exc:
         error = exc
         raise
@@ -325,6 +362,9 @@ class _StreamState:
     def finish(self, usage: Usage) -> bytes:
         return (self.encoder.usage(usage) if self.spec.include_usage else b"") + DONE
 
+    def error(self, status: int, payload: S.ErrorResponse) -> bytes:
+        return error_event(payload) + DONE
+
 
 def _encode_completion_logprobs(logprobs: list[TokenLogprob], offset: int) -> bytes:
     return msgspec.json.encode(completion_logprobs(logprobs, offset=offset))
@@ -336,12 +376,14 @@ def _encode_completion_logprobs(logprobs: list[TokenLogprob], offset: int) -> by
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     tool_calls: dict[int, dict] = field(default_factory=dict)
     finish_reason: str | None = None
+    stop_sequence: str | None = None
 
 
-async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
+async def collect(gateway: Gateway, spec: RequestSpec, wire: WireFormat | None = None) -> Served:
     """Run the request to its end and build the response object. A failure before the
     backend's first event is tried on the next target when the route allows more attempts."""
     plan = gateway.plan(spec.model)
@@ -377,7 +419,8 @@ async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
                 await observed.close_pump(pump)
         if error is None:
             observed.end(None)
-            return Served(body=_build_response(gateway, spec, choices, observed.usage), backend=backend)  # type: ignore[arg-type]
+            build = (wire or CHAT).build
+            return Served(body=build(gateway, spec, choices, observed.usage), backend=backend)  # type: ignore[arg-type]
         if not started and observed.may_retry(error):
             continue
         observed.end(error, first_token=started)
@@ -397,10 +440,15 @@ def _collect_event(choices: list[_Choice], event: Event, observed: Observed) -> 
         choice.text.append(event.text)
         if event.logprobs is not None:
             choice.logprobs = (choice.logprobs or []) + list(event.logprobs)
+    elif isinstance(event, ReasoningDelta):
+        if event.text:
+            observed.timer.mark_tokens()
+        choice.reasoning.append(event.text)
     elif isinstance(event, Finish):
         if choice.finish_reason is not None:
             raise UpstreamError(f"The backend finished choice {event.index} twice.", kind="bad_gateway")
         choice.finish_reason = event.reason
+        choice.stop_sequence = event.stop_sequence
     elif isinstance(event, ToolCallDelta):
         call = choice.tool_calls.setdefault(event.tool_index, {"id": None, "name": "", "arguments": ""})
         call["id"] = event.id or call["id"]
@@ -491,4 +539,4 @@ def _build_response(gateway: Gateway, spec: RequestSpec, choices: list[_Choice],
     )
 
 
-
+CHAT = WireFormat(new_stream=_chat_stream, build=_build_response)

@@ -292,7 +292,7 @@ class Gateway:
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
         copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
-        keys on `api_key`. Credentials themselves are never copied."""
+        keys on `api_key` (or on Anthropic's `x-api-key`). Credentials themselves are never copied."""
         plan = self.plans.get(spec.model)
         if plan is None or not (plan.key_headers or plan.key_api_key):
             return spec
@@ -302,7 +302,8 @@ class Gateway:
             if value:
                 copied[name] = value
         if plan.key_api_key:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
+            authorization = headers.get("authorization", "") or "Bearer " + headers.get("x-api-key", "")
+            scheme, _, token = authorization.partition(" ")
             token = token.strip()
             if scheme.lower() == "bearer" and token:
                 copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()
