@@ -26,6 +26,7 @@ from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
+from gateway import embeddings_api as E
 from gateway.chat_completions import WireFormat, collect, open_stream
 from gateway.messages_api import schemas as M
 from gateway.messages_api.translate import count_tokens_request, messages_spec
@@ -33,7 +34,7 @@ from gateway.messages_api.wire import MESSAGES
 from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
-from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
+from plugins.protocol import EmbedRequest, RequestSpec, SamplingParams, TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
 T = TypeVar("T")
@@ -90,7 +91,7 @@ def _authorize(request: Request, model: str) -> None:
 _DECODERS: dict[type, msgspec.json.Decoder] = {
     t: msgspec.json.Decoder(t)
     for t in (S.ChatCompletionRequest, S.CompletionRequest, S.TokenizeBody, S.DetokenizeBody, S.RenderBody,
-              M.MessagesRequest, M.CountTokensRequest)
+              M.MessagesRequest, M.CountTokensRequest, E.EmbeddingsRequest)
 }
 
 
@@ -165,6 +166,23 @@ async def count_message_tokens(request: Request, state: State) -> Response:
     result = await resolved.backend.tokenize(count_tokens_request(data, upstream_model=resolved.target.model))
     body = M.TokenCount(input_tokens=len(result.tokens))
     return Response(content=msgspec.json.encode(body), media_type="application/json", headers=_headers(request, resolved.backend.name))
+
+
+@post("/v1/embeddings", status_code=200, summary="Create embeddings (OpenAI).")
+async def embeddings(request: Request, state: State) -> Response:
+    data = await _body(request, E.EmbeddingsRequest)
+    gateway = _gateway(state)
+    _authorize(request, data.model)
+    inputs = E.inputs_of(data)
+    spec = gateway.with_routing_keys(E.routing_spec(data, request_id=request.state.request_id), request.headers)
+    work = E.embed(gateway, spec, EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,
+                                               dimensions=data.dimensions, user=data.user))
+    done = await _unless_disconnected(request.receive, work)
+    if done is None:
+        return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
+    result, backend = done
+    body = msgspec.json.encode(E.response(data, result))
+    return Response(content=body, media_type="application/json", headers=_headers(request, backend))
 
 
 async def _serve(request: Request, gateway: Gateway, spec: RequestSpec, wire: WireFormat | None = None) -> Response:
@@ -371,8 +389,8 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, messages, count_message_tokens, list_models, get_model, tokenize,
-                        detokenize, render, health, ready, metrics],
+        route_handlers=[chat_completions, completions, messages, count_message_tokens, embeddings, list_models, get_model,
+                        tokenize, detokenize, render, health, ready, metrics],
         lifespan=[lifespan],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
+from tests.support.probes import metric, wait_until
 from tests.support.server import _toml, running_server
 
 KEY = "sk-frontends-test-key"
@@ -72,3 +74,11 @@ def claude(server: Server) -> Iterator[anthropic.Anthropic]:
 def oai(server: Server) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=server.base + "/v1", api_key=KEY, max_retries=0, timeout=30) as client:
         yield client
+
+
+def wait_idle(server: Server, backend: str = "slow") -> None:
+    """Until no request runs on `backend` (one a test before left, cancelled, may still hold it)."""
+    def idle() -> bool:
+        return metric(httpx.get(server.base + "/metrics").text, "switchyard_requests_in_flight", backend=backend) == 0
+
+    assert wait_until(idle, timeout=10)

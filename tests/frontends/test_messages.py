@@ -10,8 +10,8 @@ import anthropic
 import httpx
 import pytest
 
-from tests.frontends.conftest import KEY, MAX_BODY_BYTES, Server
-from tests.support.probes import metric, wait_until
+from tests.frontends.conftest import KEY, MAX_BODY_BYTES, Server, wait_idle
+from tests.support.probes import wait_until
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -226,14 +226,6 @@ def test_413_body_too_large(server: Server) -> None:
     response = httpx.post(server.base + "/v1/messages", headers={"x-api-key": KEY},
                           json={"model": "claude-echo", "max_tokens": 5, "messages": user("x" * MAX_BODY_BYTES)})
     assert response.status_code == 413 and _error_body(response)["type"] == "request_too_large"
-
-
-def wait_idle(server: Server, backend: str = "slow") -> None:
-    """Until no request runs on `backend` (one a test before left, cancelled, may still hold it)."""
-    def idle() -> bool:
-        return metric(httpx.get(server.base + "/metrics").text, "switchyard_requests_in_flight", backend=backend) == 0
-
-    assert wait_until(idle, timeout=10)
 
 
 def test_429_when_the_backend_is_full(claude: anthropic.Anthropic, server: Server) -> None:
