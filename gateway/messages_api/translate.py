@@ -21,6 +21,8 @@ from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
 
 
 def messages_spec(req: M.MessagesRequest, *, request_id: str) -> RequestSpec:
+    if isinstance(req.thinking, M.ThinkingEnabled) and req.thinking.budget_tokens >= req.max_tokens:
+        raise InvalidRequest("`thinking.budget_tokens` must be less than `max_tokens`.", param="thinking.budget_tokens")
     prompt = _Prompt.of(req)
     extensions = set(prompt.extensions)
     if req.top_k:
@@ -193,7 +195,8 @@ def _assistant_message(message: M.AssistantMessage, i: int) -> dict[str, Any]:
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         # redacted_thinking: opaque to any engine here; accepted so that a client can send a
         # conversation back as it received it
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    # "" rather than null beside tool calls: templates without tool support concatenate content
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         out["tool_calls"] = calls
     if reasoning:

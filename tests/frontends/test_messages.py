@@ -192,7 +192,10 @@ def test_400_bad_request(claude: anthropic.Anthropic, server: Server) -> None:
 def test_400_for_what_the_backend_cannot_do(claude: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError, match="chat_template_kwargs"):
         claude.messages.create(model="claude-plain", max_tokens=10, messages=user("x"),
-                               thinking={"type": "enabled", "budget_tokens": 2048})
+                               thinking={"type": "adaptive"})
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        claude.messages.create(model="claude-echo", max_tokens=1024, messages=user("x"),
+                               thinking={"type": "enabled", "budget_tokens": 1024})
     with pytest.raises(anthropic.BadRequestError, match="image"):
         claude.messages.create(model="claude-echo", max_tokens=10, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])

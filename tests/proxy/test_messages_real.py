@@ -21,26 +21,41 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                             "required": ["city"]}}
 ASK_TOOL = [{"role": "user", "content": "What is the weather in Paris? Use the get_weather tool."}]
-TOOL_ENGINES = ("builtin", "vllm")  # the session's llama-server runs without --jinja (see test_structured_real)
+# tools on the built-in engine, and on a llama-server of this module's own started with --jinja
+# (the session's runs without; its vLLM has no --tool-call-parser, which vLLM 0.32 needs even for
+# a named tool choice)
+TOOL_ENGINES = ("builtin", "llamacpp-jinja")
 
 
 def _config(servers: dict[str, ServerProcess]) -> str:
     lines = ["[plugins]", 'modules = ["plugins.vllm", "plugins.llamacpp"]', "",
              "[[backends]]", 'name = "builtin"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',
              'served_model_name = "claude-builtin"', f"max_model_len = {CONTEXT}", "num_threads = 1", ""]
-    for engine, server in servers.items():
-        lines += ["[[backends]]", f'name = "{engine}"', f'type = "{engine}"', "[backends.options]",
-                  f'base_url = "{server.base_url}"', f'models = {{ "claude-{engine}" = "{MODEL}" }}',
-                  f"tools = {'true' if engine in TOOL_ENGINES else 'false'}", ""]
+    for name, server in servers.items():
+        lines += ["[[backends]]", f'name = "{name}"', f'type = "{name.split("-")[0]}"', "[backends.options]",
+                  f'base_url = "{server.base_url}"', f'models = {{ "claude-{name}" = "{MODEL}" }}',
+                  f"tools = {'true' if name in TOOL_ENGINES else 'false'}", ""]
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
 def claude(engine_servers: dict[str, ServerProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with running_server(_config(engine_servers), tmp_path_factory.mktemp("messages-gateway"), ready_timeout=300) as base:
-        with anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=180) as client:
-            client.served = ["builtin", *engine_servers]  # type: ignore[attr-defined]
-            yield client
+    from engines.launch import start_llamacpp
+
+    servers = dict(engine_servers)
+    logs = tmp_path_factory.mktemp("messages-gateway")
+    jinja = None
+    if "llamacpp" in engine_servers:
+        jinja = servers["llamacpp-jinja"] = start_llamacpp(alias=MODEL, ctx_size=CONTEXT, parallel=1, threads=1,
+                                                           log_dir=logs, extra=["--jinja"])
+    try:
+        with running_server(_config(servers), logs, ready_timeout=300) as base:
+            with anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=180) as client:
+                client.served = ["builtin", *servers]  # type: ignore[attr-defined]
+                yield client
+    finally:
+        if jinja is not None:
+            jinja.stop()
 
 
 @pytest.fixture(params=["builtin", "llamacpp", "vllm"])
@@ -112,5 +127,8 @@ def test_tool_use_round_trip(claude: Any, engine: str) -> None:
 def test_errors(claude: anthropic.Anthropic, model: str) -> None:
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model=model + "-nope", max_tokens=5, messages=ASK)
-    with pytest.raises(anthropic.BadRequestError):
-        claude.messages.create(model=model, max_tokens=10**6, messages=ASK)  # past the context
+    with pytest.raises(anthropic.BadRequestError, match="temperature"):
+        claude.messages.create(model=model, max_tokens=5, messages=ASK, extra_body={"temperature": 1.5})
+    if model != "claude-llamacpp":  # llama-server caps max_tokens to its context instead of refusing
+        with pytest.raises(anthropic.BadRequestError, match="context|max_model_len"):
+            claude.messages.create(model=model, max_tokens=10**6, messages=ASK)
