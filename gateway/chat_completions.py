@@ -104,13 +104,13 @@ class _StreamState:
         self.text_offsets[index] = offset + sum(len(lp.token) for lp in logprobs)
         return _encode_completion_logprobs(logprobs, offset)
 
-    def finish(self, usage: Usage) -> bytes:
+    async def finish(self, usage: Usage) -> bytes:
         missing = set(range(self.n)) - self.finished
         if missing:
             raise UpstreamError(f"The backend ended without finishing choice {min(missing)}.", kind="bad_gateway")
         return (self.encoder.usage(usage) if self.spec.include_usage else b"") + DONE
 
-    def error(self, error: SwitchyardError, payload: S.ErrorResponse) -> bytes:
+    async def error(self, error: SwitchyardError, payload: S.ErrorResponse) -> bytes:
         return error_event(payload) + DONE
 
 

@@ -199,11 +199,12 @@ class StreamWriter(Protocol):
 
     def feed(self, batch: list[Event]) -> bytes: ...
 
-    def finish(self, usage: Usage) -> bytes:
-        """The end of a stream that completed; raise `SwitchyardError` if the backend left it
+    async def finish(self, usage: Usage) -> bytes:
+        """The end of a stream that completed (after whatever must happen before the client
+        sees it, e.g. storing the response); raise `SwitchyardError` if the backend left it
         incomplete (a choice never finished)."""
 
-    def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
+    async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
         """The end of a stream that failed after it began."""
 
 
@@ -277,12 +278,12 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
             out = b""
             batch = await pump.next_batch()
         observed.usage = check_usage(usage, opened.backend)
-        yield writer.finish(observed.usage)
+        yield await writer.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
         payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        yield writer.error(exc, payload)
+        yield await writer.error(exc, payload)
     except BaseException as exc:
         error = exc
         raise
