@@ -22,6 +22,7 @@ from gateway.http_common import authorize, decode_body, response_headers, serve
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.chat_completions import collect, open_stream
+from gateway.responses_api import handlers as responses_api
 from gateway.service import Gateway, Resolved
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
@@ -238,8 +239,9 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, render, health, ready, metrics],
-        lifespan=[lifespan],
+        route_handlers=[chat_completions, completions, *responses_api.HANDLERS, list_models, get_model, tokenize, detokenize,
+                        render, health, ready, metrics],
+        lifespan=[lifespan, responses_api.lifespan(config.responses)],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},
         openapi_config=OpenAPIConfig(title="Switchyard", version="0.1.0", path="/schema", render_plugins=[SchemaPlugin()]),

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from gateway.responses_api.store import StoreConfig, check_store_config
 from plugins.errors import ConfigError
 from plugins.registry import BackendType, Route, Target
 
@@ -136,6 +137,7 @@ class RouteConfig(_Config):
 
 class Config(_Config):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    responses: StoreConfig = msgspec.field(default_factory=StoreConfig)  # the Responses API's store
     plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
     backends: list[BackendConfig] = []
     routes: list[RouteConfig] = []
@@ -186,6 +188,7 @@ def parse_config(text: str, source: str) -> Config:
         raise ConfigError(f"{source}: {reason} at `{key}`", param=key) from None
     _check_names(config, source)
     _check_output_caps(config, source)
+    check_store_config(config.responses, source)
     _check_keys(config, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])

@@ -10,7 +10,7 @@ that turns event batches into bytes, or an `EventSink` that assembles the respon
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,6 +66,7 @@ class Observed:
     last_error: BaseException | None = None
     deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
     slot: BackendLimiter | None = None  # the backend slot the current attempt holds
+    on_pump: Callable[[EventPump], None] | None = None  # told each attempt's pump (to interrupt it: cancel)
 
     def __post_init__(self) -> None:
         self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
@@ -117,6 +118,8 @@ class Observed:
         if self.deadline is not None:
             pump.interrupt_at(self.deadline.at, self.deadline.error())
         self.gateway.track(pump)
+        if self.on_pump is not None:
+            self.on_pump(pump)
         return pump
 
     async def close_pump(self, pump: EventPump) -> None:
@@ -230,13 +233,13 @@ class Opened:
         return self.observed.resolved.backend.name  # type: ignore[union-attr]
 
 
-async def open_events(gateway: Gateway, spec: RequestSpec) -> Opened:
+async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[EventPump], None] | None = None) -> Opened:
     """Start a backend and wait for its first events, so that a failure before any token
     (context too long, upstream down) is still answered with a real HTTP status — and, on a
     route that allows more attempts, tried on the next target instead. Nothing has gone to
     the client before this returns; after it, nothing is retried."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
+    observed = Observed(gateway, spec, plan, on_pump=on_pump)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -292,12 +295,13 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
         observed.end(error)
 
 
-async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Any) -> tuple[Any, Usage, str]:
+async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable[[], Any],
+                         on_pump: Callable[[EventPump], None] | None = None) -> tuple[Any, Usage, str]:
     """Run the request to its end into a fresh `new_sink()` per attempt. A failure before the
     backend's first event is tried on the next target when the route allows more attempts.
     Returns the sink, the usage and the backend that served."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
+    observed = Observed(gateway, spec, plan, on_pump=on_pump)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
