@@ -67,7 +67,7 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
-from plugins.reasoning import ReasoningSplitter, choose_parser
+from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.sse_parser import SSEParser
 
 log = logging.getLogger("switchyard.proxy")
@@ -698,7 +698,7 @@ class ProxyBackend:
         events = self.stream_upstream(spec)
         if factory is None:
             return events
-        return _split_reasoning(events, ReasoningSplitter(factory))
+        return split_reasoning(events, ReasoningSplitter(factory))
 
     async def stream_upstream(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """Stream one request upstream. A failure before the first event is raised before any
@@ -816,15 +816,6 @@ class ProxyBackend:
                      tools: list[dict[str, Any]] | None = None) -> Rendered:
         """The chat prompt exactly as this server builds it: text and token ids."""
         raise InvalidRequest(f"Backend `{self.name}` cannot show its rendered prompt.", param="model")
-
-
-async def _split_reasoning(events: AsyncIterator[Event], splitter: ReasoningSplitter) -> AsyncIterator[Event]:
-    try:
-        async for event in events:
-            for piece in splitter.feed(event):
-                yield piece
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
 
 
 def check_extensions(names: list[str], *, backend_type: str) -> frozenset[str]:

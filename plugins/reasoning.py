@@ -18,7 +18,7 @@ Parsers (`reasoning_parser` in a backend's options):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 from plugins.protocol import Event, Finish, ReasoningDelta, TextDelta, Usage
@@ -154,3 +154,13 @@ def _pieces(index: int, reasoning: str, answer: str, token_ids: tuple[int, ...],
     if answer or (logprobs and not reasoning):
         out.append(TextDelta(text=answer, index=index, token_ids=token_ids, logprobs=logprobs))
     return out
+
+
+async def split_reasoning(events: AsyncIterator[Event], splitter: ReasoningSplitter) -> AsyncIterator[Event]:
+    """`events` through `splitter`; closing this closes `events` (which cancels the request)."""
+    try:
+        async for event in events:
+            for piece in splitter.feed(event):
+                yield piece
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
