@@ -91,7 +91,7 @@ def _answer_messages(builder: OutputBuilder) -> list[dict[str, Any]]:
     ]
     if not text and not calls:
         return []
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    message: dict[str, Any] = {"role": "assistant", "content": text}  # "" with calls: see translate.to_messages
     if calls:
         message["tool_calls"] = calls
     return [message]

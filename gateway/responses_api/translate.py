@@ -93,7 +93,8 @@ def to_messages(items: list[R.InputItem], earlier_calls: set[str]) -> list[dict[
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # "" rather than None: templates such as the default model's read every message's content
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             called.add(item.call_id)
         elif isinstance(item, R.FunctionCallOutputItem):
             if item.call_id not in called:
