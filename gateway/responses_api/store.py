@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from gateway.responses_api.schemas import Response
-from plugins.errors import ConfigError
+from plugins.errors import ConfigError, UpstreamError
 
 
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -167,16 +167,25 @@ class RedisStore:
                               param="responses.redis_url") from None
         return cls(client, config.redis_prefix, config.ttl_s)
 
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A Redis command; the server gone is a 503, never a 500."""
+        import redis.asyncio as redis
+
+        try:
+            return await getattr(self.client, method)(*args, **kwargs)
+        except (redis.RedisError, OSError) as exc:
+            raise UpstreamError(f"The response store is unavailable: {exc}", kind="unavailable") from None
+
     async def put(self, stored: StoredResponse) -> None:
         ttl = None if self.ttl_s is None else max(1, round(self.ttl_s))
-        await self.client.set(self.prefix + stored.response.id, _encode(stored), ex=ttl)
+        await self._call("set", self.prefix + stored.response.id, _encode(stored), ex=ttl)
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        body = await self.client.get(self.prefix + response_id)
+        body = await self._call("get", self.prefix + response_id)
         return None if body is None else _decode(body)
 
     async def delete(self, response_id: str) -> bool:
-        return bool(await self.client.delete(self.prefix + response_id))
+        return bool(await self._call("delete", self.prefix + response_id))
 
     async def close(self) -> None:
         await self.client.aclose()
