@@ -1,6 +1,7 @@
 """Client API keys and secret hygiene.
 
-- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (`server.api_keys`,
+- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (or Anthropic's
+  `x-api-key: <key>`: `authorization_of`) (`server.api_keys`,
   `$SWITCHYARD_API_KEYS`, `[[server.keys]]`), each with the routes it may use. A presented token
   is checked against every key in constant time: both sides are SHA-256 digests, so neither a
   key's length nor its content shows in the timing, and the loop never stops early.
@@ -17,6 +18,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.config import Config, ServerConfig
 
@@ -67,6 +69,14 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token:
             return None
         return found
+
+
+def authorization_of(headers: Any) -> str:
+    """The `Authorization` header, or Anthropic's `x-api-key` as a bearer token."""
+    authorization = headers.get("authorization", "")
+    if not authorization and headers.get("x-api-key"):
+        authorization = "Bearer " + headers["x-api-key"]
+    return authorization
 
 
 class Redactor:

@@ -1,5 +1,5 @@
 """OpenAI's embeddings API (`POST /v1/embeddings`): its structs, the request's checks, the serving
-of one request across its attempts, and the response (floats, or base64 of little-endian
+of one request across its attempts, its handler, and the response (floats, or base64 of little-endian
 float32 as the `openai` client decodes it).
 
 An embeddings request is routed like a generation (routes, breakers, fallback before anything
@@ -16,11 +16,14 @@ from array import array
 from typing import Annotated, Literal
 
 import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
 from msgspec import Meta, Struct
 
-from gateway.chat_completions import Observed
+from gateway.http_common import CLIENT_CLOSED_REQUEST, authorize, decode_body, response_headers, unless_disconnected
 from gateway.schemas import TokenId
 from gateway.service import Gateway
+from gateway.serving import Observed
 from plugins.errors import InvalidRequest, UpstreamError
 from plugins.protocol import EmbedRequest, EmbedResult, RequestSpec, SamplingParams, Usage
 
@@ -120,6 +123,26 @@ def _check(result: EmbedResult, num_inputs: int, backend: str) -> None:
     if len(result.embeddings) != num_inputs:
         raise UpstreamError(f"Backend `{backend}` returned {len(result.embeddings)} embeddings for {num_inputs} "
                             "inputs.", kind="bad_gateway")
+
+
+@post("/v1/embeddings", status_code=200, summary="Create embeddings (OpenAI).")
+async def create_embeddings(request: Request, state: State) -> Response:
+    data = await decode_body(request, EmbeddingsRequest)
+    gateway: Gateway = state.gateway
+    authorize(request, data.model)
+    inputs = inputs_of(data)
+    spec = gateway.with_routing_keys(routing_spec(data, request_id=request.state.request_id), request.headers)
+    work = embed(gateway, spec, EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,
+                                             dimensions=data.dimensions, user=data.user))
+    done = await unless_disconnected(request.receive, work)  # the client gone: the backend's work is cancelled
+    if done is None:
+        return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
+    result, backend = done
+    body = msgspec.json.encode(response(data, result))
+    return Response(content=body, media_type="application/json", headers=response_headers(request, backend))
+
+
+HANDLERS = [create_embeddings]
 
 
 def response(req: EmbeddingsRequest, result: EmbedResult) -> EmbeddingsResponse:

@@ -21,7 +21,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from gateway import messages_api
 from gateway.limits import DeadlineExceeded, ShuttingDown
-from gateway.messages_api.encode import error_response as anthropic_error
+from gateway.messages_api.errors import error_response as anthropic_error
 from gateway.schemas import ErrorBody, ErrorResponse
 from plugins import errors as E
 

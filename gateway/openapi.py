@@ -23,6 +23,7 @@ from gateway import embeddings_api as E
 from gateway import messages_api
 from gateway import schemas as S
 from gateway.messages_api import schemas as M
+from gateway.responses_api import schemas as R
 
 REF = "#/components/schemas/{name}"
 # Anthropic's structs are named as Anthropic names them (`Tool`, `ErrorResponse`...): in the
@@ -36,6 +37,10 @@ SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/messages", "post"): {"application/json": M.MessageResponse, "text/event-stream": M.StreamEvent},
     ("/v1/messages/count_tokens", "post"): {"application/json": M.TokenCount},
     ("/v1/embeddings", "post"): {"application/json": E.EmbeddingsResponse},
+    ("/v1/responses", "post"): {"application/json": R.Response, "text/event-stream": R.StreamEvent},
+    ("/v1/responses/{response_id}", "get"): {"application/json": R.Response},
+    ("/v1/responses/{response_id}", "delete"): {"application/json": R.DeletedResponse},
+    ("/v1/responses/{response_id}/cancel", "post"): {"application/json": R.Response},
     ("/v1/models", "get"): {"application/json": S.ModelList},
     ("/v1/models/{model_id}", "get"): {"application/json": S.ModelCard},
     ("/tokenize", "post"): {"application/json": S.TokenizeResponse},
@@ -52,6 +57,7 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("/v1/messages", "post"): M.MessagesRequest,
     ("/v1/messages/count_tokens", "post"): M.CountTokensRequest,
     ("/v1/embeddings", "post"): E.EmbeddingsRequest,
+    ("/v1/responses", "post"): R.ResponsesRequest,
     ("/tokenize", "post"): S.TokenizeBody,
     ("/detokenize", "post"): S.DetokenizeBody,
     ("/switchyard/render", "post"): S.RenderBody,
@@ -110,8 +116,22 @@ def _stream_event(chunk: type) -> dict[str, Any]:
     }
 
 
+def _typed_stream_event() -> dict[str, Any]:
+    """One event of a Responses stream: `event` names its `type`; `data` is the event as JSON."""
+    members = [{"$ref": REF.format(name=t.__name__)} for t in R.StreamEvent.__args__]  # type: ignore[attr-defined]
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string"},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": members}},
+        },
+    }
+
+
 def components() -> dict[str, Any]:
-    structs = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, M.ErrorResponse]
+    structs: list[Any] = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
+                          M.ErrorResponse]
     structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
     structs += list(M.StreamEvent.__args__)
     structs = list(dict.fromkeys(structs))
@@ -227,6 +247,8 @@ def _responses(path: str, method: str) -> dict[str, Any]:
             content[media] = {"schema": {"type": "string"}}
         elif struct is None:
             content[media] = {"schema": {}}
+        elif struct is R.StreamEvent:
+            content[media] = {"schema": _typed_stream_event()}
         elif struct is M.StreamEvent:
             content[media] = {"schema": _anthropic_stream_event()}
         elif media == "text/event-stream":

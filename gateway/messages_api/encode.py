@@ -22,32 +22,14 @@ import secrets
 
 import msgspec
 
+from gateway.errors import status_and_type
 from gateway.messages_api import schemas as M
+from gateway.messages_api.errors import error_response
 from gateway.schemas import ErrorResponse
-from plugins.errors import UpstreamError
+from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 _encode = msgspec.json.Encoder().encode
-
-# Anthropic's error type per HTTP status (https://docs.anthropic.com/en/api/errors)
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def error_response(status: int, message: str) -> M.ErrorResponse:
-    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
-    return M.ErrorResponse(error=M.ErrorObject(type=kind, message=message))
-
 
 def message_id() -> str:
     return "msg_" + secrets.token_hex(12)
@@ -83,19 +65,18 @@ _MESSAGE_STOP = _sse(b"message_stop", M.MessageStop())
 
 
 class MessageStream:
-    """One streamed message: which block is open (its kind and index), the tool calls seen,
-    the finish and the usage."""
+    """One streamed message (a `gateway.serving.StreamWriter`): which block is open (its kind
+    and index), the tool calls seen, the finish."""
 
     def __init__(self, spec: RequestSpec) -> None:
         self.spec = spec
-        self.usage: Usage | None = None
         self.finished_with: Finish | None = None
         self.block: str | None = None  # "thinking" | "text" | "tool_use:<tool index>"
         self.index = -1  # of the open (or last) block
         self.pinged = False
         self.called_tools = False
 
-    def start(self) -> bytes:
+    def start(self, first: list[Event]) -> bytes:
         message = M.MessageResponse(
             id=message_id(), model=self.spec.model, content=[], stop_reason=None, stop_sequence=None,
             usage=M.Usage(input_tokens=0, output_tokens=0),
@@ -119,8 +100,6 @@ class MessageStream:
                 if self.finished_with is not None:
                     raise UpstreamError("The backend finished the message twice.", kind="bad_gateway")
                 self.finished_with = event
-            elif isinstance(event, Usage):
-                self.usage = event
         return b"".join(out)
 
     def _tool_call(self, event: ToolCallDelta) -> bytes:
@@ -160,13 +139,10 @@ class MessageStream:
         self.block = None
         return out + _sse(b"content_block_stop", M.ContentBlockStop(index=self.index))
 
-    def check_complete(self, backend: str) -> None:
-        if self.finished_with is None:
-            raise UpstreamError(f"Backend `{backend}` ended without finishing the message.", kind="bad_gateway")
-
-    def finish(self, usage: Usage) -> bytes:
+    async def finish(self, usage: Usage) -> bytes:
         finish = self.finished_with
-        assert finish is not None
+        if finish is None:
+            raise UpstreamError("The backend ended without finishing the message.", kind="bad_gateway")
         out = self._close()
         if not self.pinged:
             out += _PING
@@ -174,26 +150,56 @@ class MessageStream:
         delta = M.StopDelta(stop_reason=reason, stop_sequence=finish.stop_sequence if reason == "stop_sequence" else None)
         return out + _sse(b"message_delta", M.MessageDelta(delta=delta, usage=usage_body(usage))) + _MESSAGE_STOP
 
-    def error(self, status: int, payload: ErrorResponse) -> bytes:
-        return _sse(b"error", error_response(status, payload.error.message))
+    async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
+        return _sse(b"error", error_response(status_and_type(error)[0], payload.error.message))
 
 
-def build_message(spec: RequestSpec, reasoning: str, text: str, tool_calls: list[dict], finish: str | None,
-                  stop_sequence: str | None, usage: Usage) -> M.MessageResponse:
-    """The whole message of a request that did not stream; empty text is left out."""
-    content: list[M.Content] = []
-    if reasoning:
-        content.append(M.ThinkingContent(thinking=reasoning, signature=secrets.token_hex(16)))
-    if text:
-        content.append(M.TextContent(text=text))
-    for call in tool_calls:
-        content.append(M.ToolUseContent(id=call["id"] or "toolu_" + secrets.token_hex(12), name=call["name"],
-                                        input=_arguments(call["arguments"])))
-    reason = stop_reason(finish, stop_sequence, bool(tool_calls))
-    return M.MessageResponse(
-        id=message_id(), model=spec.model, content=content, stop_reason=reason,
-        stop_sequence=stop_sequence if reason == "stop_sequence" else None, usage=usage_body(usage),
-    )
+class MessageSink:
+    """A message that does not stream, assembled from its events (a `gateway.serving.EventSink`)."""
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}  # tool index -> id, name, arguments
+        self.finished_with: Finish | None = None
+
+    def feed(self, event: Event) -> None:
+        if isinstance(event, TextDelta):
+            self.text.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            self.reasoning.append(event.text)
+        elif isinstance(event, ToolCallDelta):
+            call = self.calls.setdefault(event.tool_index, {"id": "", "name": "", "arguments": ""})
+            call["id"] = event.id or call["id"]
+            call["name"] = event.name or call["name"]
+            call["arguments"] += event.arguments
+        elif isinstance(event, Finish):
+            if self.finished_with is not None:
+                raise UpstreamError("The backend finished the message twice.", kind="bad_gateway")
+            self.finished_with = event
+
+    def check_complete(self, backend: str) -> None:
+        if self.finished_with is None:
+            raise UpstreamError(f"Backend `{backend}` ended without finishing the message.", kind="bad_gateway")
+
+    def message(self, spec: RequestSpec, usage: Usage) -> M.MessageResponse:
+        """The whole message; empty text is left out."""
+        finish = self.finished_with
+        assert finish is not None
+        content: list[M.Content] = []
+        reasoning, text = "".join(self.reasoning), "".join(self.text)
+        if reasoning:
+            content.append(M.ThinkingContent(thinking=reasoning, signature=secrets.token_hex(16)))
+        if text:
+            content.append(M.TextContent(text=text))
+        for _, call in sorted(self.calls.items()):
+            content.append(M.ToolUseContent(id=call["id"] or "toolu_" + secrets.token_hex(12), name=call["name"],
+                                            input=_arguments(call["arguments"])))
+        reason = stop_reason(finish.reason, finish.stop_sequence, bool(self.calls))
+        return M.MessageResponse(
+            id=message_id(), model=spec.model, content=content, stop_reason=reason,
+            stop_sequence=finish.stop_sequence if reason == "stop_sequence" else None, usage=usage_body(usage),
+        )
 
 
 def _arguments(text: str) -> dict:
