@@ -3,7 +3,7 @@
 Everything the gateway answers with an error goes through `error_payload`, whether as a JSON
 response or as a `data: {"error": ...}` event inside a stream that has already begun. On
 Anthropic's paths (`/v1/messages...`) the same status goes out in Anthropic's shape,
-`{"type": "error", "error": {"type", "message"}}` (`gateway.messages_api.encode`).
+`{"type": "error", "error": {"type", "message"}}` (`gateway.messages_api.errors`).
 """
 
 from __future__ import annotations

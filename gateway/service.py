@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pluggy
 
-from gateway.auth import Redactor
+from gateway.auth import Redactor, authorization_of
 from gateway.config import Config, ShadowConfig, resolve_backend_options
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics
@@ -304,8 +304,7 @@ class Gateway:
             if value:
                 copied[name] = value
         if plan.key_api_key:
-            authorization = headers.get("authorization", "") or "Bearer " + headers.get("x-api-key", "")
-            scheme, _, token = authorization.partition(" ")
+            scheme, _, token = authorization_of(headers).partition(" ")
             token = token.strip()
             if scheme.lower() == "bearer" and token:
                 copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()

@@ -19,9 +19,9 @@ What differs from the generic proxy:
   and the content read back as tool calls (`content_calls`). Anything else (e.g. `priority`) the gateway refuses with a 400 naming it before
   sending. `n` is at most 1 (`Capabilities.max_n`).
 - `cached_tokens`: `usage.prompt_tokens_details.cached_tokens`, else `timings.cache_n`.
+  `completion_tokens` counts the end-of-generation token.
 - With stop strings the request sets `verbose`, so that the final chunk's `__verbose.stopping_word`
   tells which one matched (Anthropic's `stop_sequence`).
-  `completion_tokens` counts the end-of-generation token.
 - Catalogue: `/v1/models` for the name (the server's `--alias`), `/props`
   (`default_generation_settings.n_ctx`, the per-slot context = `-c` / `-np`) for max_model_len.
 - Tokens: `/apply-template` then `/tokenize` (chat), `/tokenize`, `/detokenize`.

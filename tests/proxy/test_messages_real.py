@@ -4,6 +4,7 @@ default model, greedy, so each engine's answers can be compared with themselves.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,12 +26,21 @@ ASK_TOOL = [{"role": "user", "content": "What is the weather in Paris? Use the g
 # (the session's runs without; its vLLM has no --tool-call-parser, which vLLM 0.32 needs even for
 # a named tool choice)
 TOOL_ENGINES = ("builtin", "llamacpp-jinja")
+# the default model's ChatML with a generation prompt that opens the thinking: what it writes is
+# reasoning until it closes the tag (the built-in engine's `auto` reasoning parser)
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
 
 
 def _config(servers: dict[str, ServerProcess]) -> str:
     lines = ["[plugins]", 'modules = ["plugins.vllm", "plugins.llamacpp"]', "",
              "[[backends]]", 'name = "builtin"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',
-             'served_model_name = "claude-builtin"', f"max_model_len = {CONTEXT}", "num_threads = 1", ""]
+             'served_model_name = "claude-builtin"', f"max_model_len = {CONTEXT}", "num_threads = 1", "",
+             "[[backends]]", 'name = "thinker"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',
+             'served_model_name = "claude-thinker"', f"max_model_len = {CONTEXT}", "num_threads = 1",
+             f"chat_template = {json.dumps(THINK_TEMPLATE)}", ""]
     for name, server in servers.items():
         lines += ["[[backends]]", f'name = "{name}"', f'type = "{name.split("-")[0]}"', "[backends.options]",
                   f'base_url = "{server.base_url}"', f'models = {{ "claude-{name}" = "{MODEL}" }}',
@@ -132,3 +142,19 @@ def test_errors(claude: anthropic.Anthropic, model: str) -> None:
     if model != "claude-llamacpp":  # llama-server caps max_tokens to its context instead of refusing
         with pytest.raises(anthropic.BadRequestError, match="context|max_model_len"):
             claude.messages.create(model=model, max_tokens=10**6, messages=ASK)
+
+
+def test_thinking_blocks_from_a_thinking_template(claude: anthropic.Anthropic) -> None:
+    """The template opens `<think>`: the model's thinking comes as a thinking block, streamed as
+    `thinking_delta`s that join to the non-streamed block; no tag reaches any block."""
+    kwargs = dict(model="claude-thinker", max_tokens=40, messages=[{"role": "user", "content": "Name a color."}],
+                  extra_body=GREEDY)
+    message = claude.messages.create(**kwargs)
+    assert message.content[0].type == "thinking" and message.content[0].thinking.strip()
+    with claude.messages.stream(**kwargs) as stream:
+        deltas = [e.delta.thinking for e in stream if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+        final = stream.get_final_message()
+    assert "".join(deltas) == message.content[0].thinking == final.content[0].thinking
+    for block in [*message.content, *final.content]:
+        assert "think>" not in (getattr(block, "thinking", None) or getattr(block, "text", ""))
+    assert [b.type for b in final.content] == [b.type for b in message.content]

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from plugins import hookimpl
-from plugins.errors import InvalidRequest
+from plugins.errors import InvalidRequest, UpstreamError
 from plugins.protocol import (
     Capabilities,
     EmbedRequest,
@@ -97,8 +97,6 @@ class ScriptBackend(EchoBackend):
             for event in self.script(spec):
                 if not isinstance(event, Finish):
                     if fail_mid is not None and emitted >= fail_mid:
-                        from plugins.errors import UpstreamError
-
                         raise UpstreamError("The upstream connection broke mid-stream.", kind="bad_gateway")
                     if self.options.token_delay_s:
                         await asyncio.sleep(self.options.token_delay_s)
@@ -106,12 +104,15 @@ class ScriptBackend(EchoBackend):
                 yield event
             yield Usage(prompt_tokens=prompt_tokens, completion_tokens=emitted, cached_tokens=prompt_tokens // 2)
         except (asyncio.CancelledError, GeneratorExit):
-            if self.options.cancel_log:
-                with Path(self.options.cancel_log).open("a") as f:
-                    f.write(f"{spec.request_id} {time.time()}\n")
+            self._log_cancel(spec.request_id)
             raise
         finally:
             self.in_flight -= 1
+
+    def _log_cancel(self, request_id: str) -> None:
+        if self.options.cancel_log:
+            with Path(self.options.cancel_log).open("a") as f:
+                f.write(f"{request_id} {time.time()}\n")
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         size = EMBEDDING_SIZE
@@ -124,9 +125,7 @@ class ScriptBackend(EchoBackend):
             try:
                 await asyncio.sleep(self.options.token_delay_s * 40)
             except asyncio.CancelledError:
-                if self.options.cancel_log:
-                    with Path(self.options.cancel_log).open("a") as f:
-                        f.write(f"{request.request_id} {time.time()}\n")
+                self._log_cancel(request.request_id)
                 raise
         vectors, tokens = [], 0
         for item in request.inputs:
