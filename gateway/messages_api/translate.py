@@ -86,7 +86,11 @@ class _Prompt:
         system = _system_text(req.system)
         if system:
             prompt.messages.append({"role": "system", "content": system})
+        last = len(req.messages) - 1
         for i, message in enumerate(req.messages):
+            if not message.content and not (i == last and isinstance(message, M.AssistantMessage)):
+                raise InvalidRequest(f"`messages[{i}]` has empty content; every message needs some, except an "
+                                     "optional final assistant message.", param=f"messages[{i}].content")
             if isinstance(message, M.UserMessage):
                 prompt.messages += _user_messages(message, i)
             else:

@@ -80,3 +80,15 @@ def test_refused(body: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         spec_of(messages=[{"role": "user", "content": "x"}], **body)
     assert info.value.param == param
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user", "content": []}], "messages[0].content"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "y"}],
+     "messages[1].content"),
+])
+def test_empty_content_refused_but_in_a_final_assistant_turn(messages: list, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        spec_of(messages=messages)
+    assert info.value.param == param
+    spec_of(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": []}])
