@@ -21,6 +21,8 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 from gateway import schemas as S
+from gateway.accounting import open_accounting
+from gateway.keys.usage import keys_usage
 from gateway.auth import ClientKey, KeyRing
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
@@ -136,10 +138,21 @@ async def _serve(request: Request, gateway: Gateway, spec: RequestSpec) -> Respo
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
     spec = gateway.with_routing_keys(spec, request.headers)
-    served = await _unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec))
+    key: ClientKey | None = request.state.client_key
+    accounting = await open_accounting(gateway, spec, request.headers, key and key.limits, key and key.name)
+    try:
+        served = await _unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec, accounting))
+    except BaseException as exc:
+        if accounting is not None:
+            accounting.finish(exc)
+        raise
     if served is None:
+        if accounting is not None:
+            accounting.finish(asyncio.CancelledError())
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     headers = _headers(request, served.backend)
+    if accounting is not None:
+        headers.update(accounting.headers)
     if spec.stream:
         return SSEStream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
     return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
@@ -336,7 +349,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, render, health, ready, metrics],
+        route_handlers=[chat_completions, completions, list_models, get_model, tokenize, detokenize, render, health, ready, metrics, keys_usage],
         lifespan=[lifespan],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

@@ -1,7 +1,7 @@
 """Client API keys and secret hygiene.
 
 - `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (`server.api_keys`,
-  `$SWITCHYARD_API_KEYS`, `[[server.keys]]`), each with the routes it may use. A presented token
+  `$SWITCHYARD_API_KEYS`, `[[server.keys]]`), each with the routes it may use and its limits. A presented token
   is checked against every key in constant time: both sides are SHA-256 digests, so neither a
   key's length nor its content shows in the timing, and the loop never stops early.
 - `Redactor`: every secret the gateway knows — client keys, and each backend's upstream
@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.config import Config, ServerConfig
+from gateway.keys.limits import KeyLimits
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6  # shorter strings are not redacted: they would mangle ordinary words
@@ -33,6 +34,7 @@ class ClientKey:
     name: str  # what logs may show
     digest: bytes
     routes: frozenset[str] | None  # None: every route
+    limits: KeyLimits | None = None  # None: not limited (gateway/keys)
 
     def may_use(self, route: str) -> bool:
         return self.routes is None or route in self.routes
@@ -48,7 +50,8 @@ class KeyRing:
         for i, entry in enumerate(server.keys):
             secret = entry.key if entry.key is not None else os.environ.get(entry.key_env or "", "").strip()
             routes = None if entry.routes is None else frozenset(entry.routes)
-            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes))
+            limits = KeyLimits.from_config(entry)
+            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes, limits=limits))
         return cls(keys)
 
     @property

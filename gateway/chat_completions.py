@@ -12,6 +12,7 @@ import anyio
 import msgspec
 
 from gateway import schemas as S
+from gateway.accounting import RequestAccounting
 from gateway.errors import error_payload
 from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
@@ -66,6 +67,7 @@ class Observed:
     last_error: BaseException | None = None
     deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
     slot: BackendLimiter | None = None  # the backend slot the current attempt holds
+    accounting: RequestAccounting | None = None  # the key's reservation and the trace, when on
 
     def __post_init__(self) -> None:
         self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
@@ -89,6 +91,8 @@ class Observed:
                 self.attempts.append(Attempt(backend=resolved.target.backend, outcome="unsupported"))
                 continue
             gateway.pm.hook.switchyard_on_request(spec=spec, backend=resolved.backend)
+            if self.accounting is not None:
+                spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
                 gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
@@ -139,6 +143,8 @@ class Observed:
             return False
         assert self.resolved is not None
         self._leave()
+        if self.accounting is not None:
+            self.accounting.on_attempt_failed(error)
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error
@@ -188,18 +194,20 @@ class Observed:
         self.gateway.pm.hook.switchyard_on_response(
             spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings
         )
+        if self.accounting is not None:
+            self.accounting.finish(error, usage=self.usage, resolved=resolved, spec=spec, timings=timings)
 
 
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
     """Start a backend and wait for its first events, so that a failure before any token
     (context too long, upstream down) is still answered with a real HTTP status — and, on a
     route that allows more attempts, tried on the next target instead. Nothing has gone to
     the client before this returns; after it, nothing is retried. Returns the SSE body."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
+    observed = Observed(gateway, spec, plan, accounting=accounting)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -239,6 +247,8 @@ async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | No
         while batch is not None:
             if any(is_token_event(e) for e in batch):
                 observed.timer.mark_tokens()
+            if observed.accounting is not None:
+                observed.accounting.on_events(batch)
             out += state.feed(batch)
             if out:
                 yield out
@@ -341,11 +351,11 @@ class _Choice:
     finish_reason: str | None = None
 
 
-async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
     """Run the request to its end and build the response object. A failure before the
     backend's first event is tried on the next target when the route allows more attempts."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
+    observed = Observed(gateway, spec, plan, accounting=accounting)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -365,6 +375,8 @@ async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
                     observed.committed()
                 for event in batch:
                     _collect_event(choices, event, observed)
+                if observed.accounting is not None:
+                    observed.accounting.on_events(batch)
                 batch = await pump.next_batch()
             observed.usage = check_usage(observed.usage, backend)
             for i, choice in enumerate(choices):
