@@ -11,19 +11,18 @@ when they were set; expires once the buckets would be full again), `switchyard:{
 (sorted set: reservation id -> lease end), `switchyard:{N}:budget:<period>` (counter; expires
 an hour after its period ends).
 
-The client is redis-py's asyncio client: no call blocks the event loop; every call is bounded
-by `state_timeout_s` (connect and read) and never retried here — the limiter decides what a
-failure means (`on_state_error`).
+The client is gateway/keys/resp.py (asyncio, one pipelined connection): no call blocks the
+event loop; every call is bounded by `state_timeout_s` (connecting included) and never retried
+here — the limiter decides what a failure means (`on_state_error`).
 """
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from collections.abc import Awaitable
+from typing import Any
 
 from gateway.keys.limits import BudgetPeriod, KeyLimits
+from gateway.keys.resp import RedisReplyError, RedisUnavailable, RespClient, Script
 from gateway.keys.store import PARALLEL_RETRY_S, WINDOW_S, Admission, KeyUsage, StateStoreError
 
 BUDGET_GRACE_S = 3600  # a budget counter outlives its period by this, for late settlements
@@ -52,7 +51,7 @@ end
 # KEYS: buckets, in_flight, budget. ARGV: now, rpm, tpm, max_parallel, budget, cost, id, lease_s,
 # period_end, budget_expire_at (0 = not limited in that way).
 # Returns {refused ('' = admitted), retry_after_s, requests level, tokens level, budget used}.
-_ADMIT = _PRELUDE + """
+_ADMIT = Script(_PRELUDE + """
 local rpm, tpm, par, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost, lease = tonumber(ARGV[6]), tonumber(ARGV[8])
 local h = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
@@ -94,10 +93,10 @@ if refused == '' then
   end
 end
 return {refused, tostring(wait), tostring(r), tostring(tk), used}
-""" % {"parallel_retry": PARALLEL_RETRY_S}
+""" % {"parallel_retry": PARALLEL_RETRY_S})
 
 # KEYS: buckets, in_flight, budget. ARGV: now, rpm, tpm, id, reserved, used.
-_SETTLE = _PRELUDE + """
+_SETTLE = Script(_PRELUDE + """
 local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
 local refund = tonumber(ARGV[5]) - tonumber(ARGV[6])
 if tpm > 0 and refund ~= 0 then
@@ -112,16 +111,16 @@ if refund ~= 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('INCRBY', KEYS[3], -refund)
 end
 return 1
-"""
+""")
 
 # KEYS: buckets, in_flight, budget. ARGV: now, rpm, tpm. Reads only.
-_USAGE = _PRELUDE + """
+_USAGE = Script(_PRELUDE + """
 local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
 local in_flight = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local used = tonumber(redis.call('GET', KEYS[3]) or '0')
 return {tostring(refill(rpm, tonumber(h[1]), h[2])), tostring(refill(tpm, tonumber(h[3]), h[4])), in_flight, used}
-"""
+""")
 
 
 def redis_keys(name: str, period: BudgetPeriod | None) -> list[str]:
@@ -135,40 +134,25 @@ class RedisStore:
         self.url = url
         self.timeout_s = timeout_s
         self.clock = clock
-        self._client: aioredis.Redis | None = None
+        self._client = RespClient(url, timeout_s=timeout_s)
 
     def describe(self) -> str:
         return f"Redis at {_without_password(self.url)}"
 
     async def start(self) -> None:
-        self._client = aioredis.Redis.from_url(
-            self.url,
-            decode_responses=True,
-            socket_timeout=self.timeout_s,
-            socket_connect_timeout=self.timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
-        self._admit = self._client.register_script(_ADMIT)
-        self._settle = self._client.register_script(_SETTLE)
-        self._usage = self._client.register_script(_USAGE)
+        pass  # connects on first use: a Redis that is down at start-up is an outage like any other
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def ping(self) -> None:
-        await self._call(self._client.ping())  # type: ignore[union-attr]
+        await self._client.close()
 
     def _now(self) -> float:
         return self.clock() if callable(self.clock) else -1.0
 
-    async def _call(self, awaitable):  # noqa: ANN001, ANN202
+    async def _call(self, awaitable: Awaitable[Any]) -> Any:
         try:
             return await awaitable
-        except (RedisError, OSError) as exc:
-            raise StateStoreError(f"{type(exc).__name__}: {exc}") from exc
+        except (RedisUnavailable, RedisReplyError) as exc:
+            raise StateStoreError(str(exc)) from None
 
     async def admit(
         self, limits: KeyLimits, cost: int, reservation_id: str, lease_s: float, period: BudgetPeriod | None
@@ -178,17 +162,17 @@ class RedisStore:
             self._now(), limits.rpm or 0, limits.tpm or 0, limits.max_parallel or 0, budget, cost, reservation_id, lease_s,
             period.ends_at if period else 0, int(period.ends_at) + BUDGET_GRACE_S if period else 0,
         ]
-        refused, wait, requests, tokens, used = await self._call(self._admit(keys=redis_keys(limits.name, period), args=args))
-        return Admission(refused=refused or None, retry_after_s=float(wait), requests=float(requests), tokens=float(tokens),
+        refused, wait, requests, tokens, used = await self._call(self._client.evalsha(_ADMIT, redis_keys(limits.name, period), args))
+        return Admission(refused=refused.decode() or None, retry_after_s=float(wait), requests=float(requests), tokens=float(tokens),
                          budget_used=int(used))
 
     async def settle(self, limits: KeyLimits, reservation_id: str, reserved: int, used: int, period: BudgetPeriod | None) -> None:
         args = [self._now(), limits.rpm or 0, limits.tpm or 0, reservation_id, reserved, used]
-        await self._call(self._settle(keys=redis_keys(limits.name, period), args=args))
+        await self._call(self._client.evalsha(_SETTLE, redis_keys(limits.name, period), args))
 
     async def usage(self, limits: KeyLimits, period: BudgetPeriod | None) -> KeyUsage:
         args = [self._now(), limits.rpm or 0, limits.tpm or 0]
-        requests, tokens, in_flight, used = await self._call(self._usage(keys=redis_keys(limits.name, period), args=args))
+        requests, tokens, in_flight, used = await self._call(self._client.evalsha(_USAGE, redis_keys(limits.name, period), args))
         return KeyUsage(
             name=limits.name,
             requests=float(requests) if limits.rpm else None,

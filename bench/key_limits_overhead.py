@@ -1,0 +1,158 @@
+"""What per-key limits add to a request: the same Switchyard, the same client key, with its
+`rpm`/`tpm` off, counted in the gateway process, and counted in Redis on loopback.
+
+Three Switchyard servers in front of one bench upstream (bench/upstream.py), side by side in one
+run; each closed-loop cell runs every arm in turn (the order rotates) `--repeats` times and keeps
+the medians. The client key is the same in all three (authentication costs the same); in the
+`memory` and `redis` arms it has `rpm` and `tpm` set high enough never to refuse, so every
+request pays the admission (one EVALSHA round trip to Redis before the request goes upstream)
+and the settlement (a second one, after the response, off the response's path). "added" is the
+arm's figure minus the `off` arm's.
+
+    .venv/bin/python bench/key_limits_overhead.py                # ~3 min on 2 cores
+    .venv/bin/python bench/key_limits_overhead.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.arms import MODEL, Arm, start_upstream, switchyard_config, switchyard_version  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    fmt,
+    free_port,
+    load_average,
+    load_note,
+    median_of_rows,
+    print_header,
+    spawn,
+    uptime_line,
+    use_uvloop,
+    wait_quiet,
+    wait_ready,
+    write_result,
+)
+from bench.gateway_overhead import closed_loop  # noqa: E402
+
+ARMS = ("off", "memory", "redis")
+KEY = "sk-bench-key-0001"
+NEVER_REFUSES = 'rpm = 100000000\ntpm = 1000000000000\n'
+
+
+def arm_config(upstream_port: int, arm: str, redis_url: str) -> str:
+    base = switchyard_config(upstream_port)
+    server = "[server]\nlog_level = \"warning\"\n"
+    if arm == "redis":
+        server += f'state = "{redis_url}"\n'
+    key = f'\n[[server.keys]]\nname = "bench"\nkey = "{KEY}"\n' + (NEVER_REFUSES if arm != "off" else "")
+    return base.replace('[server]\nlog_level = "warning"\n', server + key, 1)
+
+
+def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed: python -m engines.install redis")
+    port = free_port()
+    log = (log_dir / "redis.log").open("wb")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def start_arms(stack: ExitStack, log_dir: Path, args: argparse.Namespace) -> dict[str, Arm]:
+    upstream = start_upstream(log_dir, tokens=args.tokens, pace_ms=args.pace_ms)
+    stack.callback(upstream.stop)
+    redis, redis_url = start_redis(log_dir)
+    stack.callback(lambda: (redis.terminate(), redis.wait(10)))
+    arms = {}
+    for name in ARMS:
+        port = free_port()
+        config = log_dir / f"switchyard-{name}.toml"
+        config.write_text(arm_config(upstream.port, name, redis_url))
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--host", "127.0.0.1",
+                "--port", str(port), "--drain-seconds", "1"]
+        server = spawn(f"switchyard-{name}", argv, port=port, log_dir=log_dir)
+        stack.callback(server.stop)
+        wait_ready(server, "/health", timeout=60)
+        arms[name] = Arm(name, port, "/v1/chat/completions", {"authorization": f"Bearer {KEY}"}, server, switchyard_version())
+    return arms
+
+
+async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> list[dict]:
+    cells = []
+    for stream, concurrency in itertools.product((False, True), args.concurrency):
+        requests = max(args.min_requests, args.per_connection * concurrency)
+        runs: dict[str, list[dict]] = {n: [] for n in ARMS}
+        for rep in range(args.repeats):
+            order = ARMS[rep % len(ARMS):] + ARMS[: rep % len(ARMS)]
+            for name in order:
+                busy = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else 0.0
+                row = await closed_loop(arms[name], stream=stream, concurrency=concurrency, requests=requests,
+                                        tokens=args.tokens, max_seconds=args.max_cell_seconds)
+                row["others_busy_pct"] = busy * 100
+                runs[name].append(row)
+        group = [median_of_rows(runs[n]) for n in ARMS]
+        off = group[0]
+        for row in group:
+            row["added_p50_ms"] = row["p50_ms"] - off["p50_ms"]
+            row["added_p99_ms"] = row["p99_ms"] - off["p99_ms"]
+            row["added_cpu_s_per_1k"] = (row["cpu_s_per_1k"] or 0) - (off["cpu_s_per_1k"] or 0)
+            print(f"{'stream' if stream else 'json  '} c={concurrency:<3} {row['arm']:<7} p50 {row['p50_ms']:7.2f} ms "
+                  f"p99 {row['p99_ms']:7.2f} ms  added p50 {row['added_p50_ms']:+6.3f} p99 {row['added_p99_ms']:+6.3f} ms  "
+                  f"CPU {fmt(row['cpu_s_per_1k'])} s/1k ({row['added_cpu_s_per_1k']:+.3f})  errors {row['errors']}", flush=True)
+        cells.extend(group)
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--pace-ms", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-requests", type=int, default=200)
+    parser.add_argument("--per-connection", type=int, default=8)
+    parser.add_argument("--max-cell-seconds", type=float, default=30.0)
+    parser.add_argument("--wait-quiet", type=float, default=5.0)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.concurrency, args.repeats, args.min_requests, args.per_connection = [1, 4], 1, 10, 2
+        args.tokens, args.pace_ms, args.wait_quiet, args.max_cell_seconds = 4, 1.0, 0.0, 5.0
+    versions = {"switchyard": switchyard_version(), "redis-server": _redis_version(), "client": use_uvloop()}
+    info = print_header("per-key limits overhead: off vs in-process vs Redis", versions)
+    load0 = load_average()
+    with TemporaryDirectory(prefix="bench-keys-") as tmp, ExitStack() as stack:
+        arms = start_arms(stack, Path(tmp), args)
+        time.sleep(0.5)
+        cells = asyncio.run(run(args, arms))
+    load1 = load_average()
+    report = {"machine": info, "versions": versions, "config": {k: str(v) for k, v in vars(args).items()}, "cells": cells,
+              "load_note": load_note(load0, load1), "uptime_after": uptime_line()}
+    write_result("key_limits_overhead", report, results_dir=args.results_dir, smoke=args.smoke)
+    return 0
+
+
+def _redis_version() -> str | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    return next((part.split("=", 1)[1] for part in out.split() if part.startswith("v=")), out.strip())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
