@@ -22,7 +22,7 @@ from gateway.keys.store import MemoryStore, StateStore
 
 __all__ = [
     "NO_RESERVATION", "BudgetExhausted", "KeyLimitExceeded", "KeyLimiter", "KeyLimits", "Reservation", "StateUnavailable",
-    "TokenCost", "build_key_limiter", "build_store",
+    "LEASE_DEFAULT_S", "TokenCost", "build_key_limiter", "build_store", "longest_deadline",
 ]
 
 LEASE_DEFAULT_S = 600.0  # how long a parallel slot is held when requests have no deadline
@@ -40,12 +40,18 @@ def build_store(config: Config) -> StateStore:
 
 def build_key_limiter(config: Config, registry: CollectorRegistry | None, max_model_len_of: Callable[[str], int | None]) -> KeyLimiter:
     server = config.server
-    deadline = server.request_timeout_s or LEASE_DEFAULT_S
     return KeyLimiter(
         build_store(config),
         on_state_error=server.on_state_error,
-        timeout_s=server.state_timeout_s,
-        lease_s=deadline + LEASE_MARGIN_S,
+        lease_s=longest_deadline(config) + LEASE_MARGIN_S,
         max_model_len_of=max_model_len_of,
         registry=registry,
     )
+
+
+def longest_deadline(config: Config) -> float:
+    """The longest a request may run (server or route `request_timeout_s`): how long a parallel
+    slot is held by a gateway that died before settling it."""
+    server = config.server
+    deadlines = [server.request_timeout_s] + [route.request_timeout_s or server.request_timeout_s for route in config.routes]
+    return LEASE_DEFAULT_S if None in deadlines else max(d for d in deadlines if d is not None)

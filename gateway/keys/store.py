@@ -59,6 +59,8 @@ class KeyUsage:
 
 
 class StateStore(Protocol):
+    """Every call either answers or raises `StateStoreError`, within the store's own timeout."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...

@@ -53,3 +53,12 @@ def test_keys_carry_their_limits() -> None:
 def test_usage_is_served_to_loopback_callers_only() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("127.8.0.1")
     assert not is_loopback("10.0.0.1") and not is_loopback(None) and not is_loopback("testclient")
+
+
+def test_a_parallel_slot_is_held_at_most_the_longest_deadline() -> None:
+    from gateway.keys import LEASE_DEFAULT_S, longest_deadline
+
+    route = '[[backends]]\nname = "b"\ntype = "echo"\n[[routes]]\nname = "r"\n{}[[routes.targets]]\nbackend = "b"\n'
+    assert longest_deadline(parse_config("", "p")) == LEASE_DEFAULT_S
+    assert longest_deadline(parse_config("[server]\nrequest_timeout_s = 30\n" + route.format("request_timeout_s = 90\n"), "p")) == 90
+    assert longest_deadline(parse_config(route.format("request_timeout_s = 90\n"), "p")) == LEASE_DEFAULT_S  # the server has none

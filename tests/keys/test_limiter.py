@@ -122,7 +122,7 @@ def test_the_reservation_covers_every_choice_and_the_prompt() -> None:
 async def test_an_unreachable_store_follows_on_state_error(clock: FakeClock, policy: str) -> None:
     """A real Redis client against a port nothing listens on: connection refused."""
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
-    lim = limiter(clock, store, on_state_error=policy, timeout_s=0.5)
+    lim = limiter(clock, store, on_state_error=policy)
     await lim.start()
     key = KeyLimits(name="k", rpm=10)
     try:
