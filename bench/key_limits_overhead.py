@@ -9,6 +9,10 @@ request pays the admission (one EVALSHA round trip to Redis before the request g
 and the settlement (a second one, after the response, off the response's path). "added" is the
 arm's figure minus the `off` arm's.
 
+First, the admission alone, in this process: `KeyLimiter.admit` on each store, one request at a
+time (each settled right after, as the gateway does), its wall time per call — what the limiter
+puts on a request's path without the HTTP noise around it.
+
     .venv/bin/python bench/key_limits_overhead.py                # ~5 min on 2 cores
     .venv/bin/python bench/key_limits_overhead.py --smoke
 """
@@ -71,11 +75,9 @@ def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def start_arms(stack: ExitStack, log_dir: Path, args: argparse.Namespace) -> dict[str, Arm]:
+def start_arms(stack: ExitStack, log_dir: Path, args: argparse.Namespace, redis_url: str) -> dict[str, Arm]:
     upstream = start_upstream(log_dir, tokens=args.tokens, pace_ms=args.pace_ms)
     stack.callback(upstream.stop)
-    redis, redis_url = start_redis(log_dir)
-    stack.callback(lambda: (redis.terminate(), redis.wait(10)))
     arms = {}
     for name in ARMS:
         port = free_port()
@@ -88,6 +90,37 @@ def start_arms(stack: ExitStack, log_dir: Path, args: argparse.Namespace) -> dic
         wait_ready(server, "/health", timeout=60)
         arms[name] = Arm(name, port, "/v1/chat/completions", {"authorization": f"Bearer {KEY}"}, server, switchyard_version())
     return arms
+
+
+async def admission_timings(redis_url: str, samples: int) -> dict[str, dict]:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.keys import KeyLimiter, KeyLimits, TokenCost
+    from gateway.keys.redis_store import RedisStore
+    from gateway.keys.store import MemoryStore
+
+    out = {}
+    key = KeyLimits(name="bench-admit", rpm=100_000_000, tpm=1_000_000_000_000)
+    for name, store in (("memory", MemoryStore()), ("redis", RedisStore(redis_url, timeout_s=2.0))):
+        limiter = KeyLimiter(store, registry=CollectorRegistry())
+        await limiter.start()
+        times = []
+        cpu0 = time.process_time()
+        for i in range(samples + 200):
+            started = time.perf_counter()
+            reservation = await limiter.admit(key, cost=TokenCost(10, 16))
+            if i >= 200:  # the first ones connect and load the script
+                times.append(time.perf_counter() - started)
+            reservation.settle(None, 5)
+            await asyncio.sleep(0)
+        await limiter.close()
+        cpu = (time.process_time() - cpu0) / (samples + 200)
+        times.sort()
+        out[name] = {"p50_us": times[len(times) // 2] * 1e6, "p99_us": times[int(len(times) * 0.99)] * 1e6,
+                     "client_cpu_us_per_admit_and_settle": cpu * 1e6}
+        print(f"admission {name:<7} p50 {out[name]['p50_us']:7.1f} us  p99 {out[name]['p99_us']:7.1f} us  "
+              f"client CPU {out[name]['client_cpu_us_per_admit_and_settle']:.1f} us per admit+settle", flush=True)
+    return out
 
 
 async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> list[dict]:
@@ -128,20 +161,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-connection", type=int, default=20)
     parser.add_argument("--max-cell-seconds", type=float, default=20.0)
     parser.add_argument("--wait-quiet", type=float, default=2.0)
+    parser.add_argument("--admit-samples", type=int, default=5000, help="admissions timed per store")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.concurrency, args.repeats, args.min_requests, args.per_connection = [1, 4], 1, 10, 2
-        args.tokens, args.pace_ms, args.wait_quiet, args.max_cell_seconds = 4, 1.0, 0.0, 5.0
+        args.tokens, args.pace_ms, args.wait_quiet, args.max_cell_seconds, args.admit_samples = 4, 1.0, 0.0, 5.0, 200
     versions = {"switchyard": switchyard_version(), "redis-server": _redis_version(), "client": use_uvloop()}
     info = print_header("per-key limits overhead: off vs in-process vs Redis", versions)
     load0 = load_average()
     with TemporaryDirectory(prefix="bench-keys-") as tmp, ExitStack() as stack:
-        arms = start_arms(stack, Path(tmp), args)
+        redis, redis_url = start_redis(Path(tmp))
+        stack.callback(lambda: (redis.terminate(), redis.wait(10)))
+        time.sleep(0.5)
+        admission = asyncio.run(admission_timings(redis_url, args.admit_samples))
+        arms = start_arms(stack, Path(tmp), args, redis_url)
         time.sleep(0.5)
         cells = asyncio.run(run(args, arms))
     load1 = load_average()
-    report = {"machine": info, "versions": versions, "config": {k: str(v) for k, v in vars(args).items()}, "cells": cells,
+    report = {"machine": info, "versions": versions, "config": {k: str(v) for k, v in vars(args).items()},
+              "admission": admission, "cells": cells,
               "load_note": load_note(load0, load1), "uptime_after": uptime_line()}
     write_result("key_limits_overhead", report, results_dir=args.results_dir, smoke=args.smoke)
     return 0

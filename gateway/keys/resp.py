@@ -88,6 +88,7 @@ def parse_reply(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
 
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()  # built by the loop's create_connection
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.waiting: deque[asyncio.Future[Any]] = deque()
@@ -127,7 +128,7 @@ class _Connection(asyncio.Protocol):
     def send(self, payload: bytes) -> asyncio.Future[Any]:
         if self.closed:
             raise RedisUnavailable("connection to Redis lost")
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = self.loop.create_future()
         self.waiting.append(waiter)
         self.transport.write(payload)  # type: ignore[union-attr]
         return waiter
