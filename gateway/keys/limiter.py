@@ -92,7 +92,10 @@ class Reservation:
             used = usage.prompt_tokens + usage.completion_tokens
         else:
             used = self.cost.prompt + completion_seen if completion_seen else 0
-        self.limiter._settle_later(self, used)  # type: ignore[union-attr]
+        limits = self.limits
+        assert limits is not None
+        if limits.max_parallel or (limits.counts_tokens and used != self.cost.total):  # else nothing to give back
+            self.limiter._settle_later(self, used)  # type: ignore[union-attr]
 
     def release(self) -> None:
         """Nothing was used (the request failed before any backend work)."""

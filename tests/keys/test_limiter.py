@@ -139,3 +139,12 @@ async def test_an_unreachable_store_follows_on_state_error(clock: FakeClock, pol
         assert lim.state_errors.labels("admit")._value.get() == 2
     finally:
         await lim.close()
+
+
+async def test_a_settlement_with_nothing_to_give_back_is_not_sent(clock: FakeClock) -> None:
+    lim = limiter(clock)
+    rpm_only = await lim.admit(KeyLimits(name="k", rpm=5), cost=TokenCost(0, 0))
+    rpm_only.settle(Usage(prompt_tokens=3, completion_tokens=4))  # rpm counts requests, not tokens
+    exact = await lim.admit(KeyLimits(name="t", tpm=100), cost=TokenCost(10, 20))
+    exact.settle(Usage(prompt_tokens=10, completion_tokens=20))
+    assert not lim._pending
