@@ -38,7 +38,7 @@ def build_store(config: Config) -> StateStore:
     return RedisStore(server.state, timeout_s=server.state_timeout_s)
 
 
-def build_key_limiter(config: Config, registry: CollectorRegistry | None, max_model_len_of: Callable[[str], int | None]) -> KeyLimiter:
+def build_key_limiter(config: Config, registry: CollectorRegistry, max_model_len_of: Callable[[str], int | None]) -> KeyLimiter:
     server = config.server
     return KeyLimiter(
         build_store(config),

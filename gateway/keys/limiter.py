@@ -76,11 +76,6 @@ class Reservation:
         self.headers = headers or {}
         self.settled = limits is None
 
-    @property
-    def counts_tokens(self) -> bool:
-        """Whether `settle` wants `completion_seen` (a key with `tpm` or a budget)."""
-        return not self.settled and self.limits is not None and self.limits.counts_tokens
-
     def settle(self, usage: Usage | None, completion_seen: int = 0) -> None:
         """The request is over. `usage`: what the backend reported; None when it reported
         nothing (failed or cancelled): then the prompt's estimate plus the `completion_seen`
@@ -110,10 +105,10 @@ class KeyLimiter:
         self,
         store: StateStore,
         *,
+        registry: CollectorRegistry,  # the app's metrics registry
         on_state_error: Literal["allow", "deny"] = "allow",
         lease_s: float = 600.0,
         max_model_len_of: Callable[[str], int | None] = lambda model: None,
-        registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
