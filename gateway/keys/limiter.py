@@ -19,6 +19,7 @@ per request.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import secrets
@@ -117,6 +118,8 @@ class KeyLimiter:
         self.max_model_len_of = max_model_len_of
         self.clock = clock
         self._down_until = 0.0
+        self._id_prefix = secrets.token_hex(4) + "-"  # unique among the gateways sharing a store
+        self._ids = itertools.count()
         self._pending: set[asyncio.Task[None]] = set()
         self.refusals = Counter("switchyard_key_limit_refusals", "Requests refused by a client key's limit, by key and limit.",
                                 ("key", "limit"), registry=registry)
@@ -145,7 +148,7 @@ class KeyLimiter:
         period = BudgetPeriod.at(limits.budget_period, now) if limits.budget_tokens else None
         if now < self._down_until:
             return self._state_error("admit", None)
-        reservation_id = secrets.token_hex(8)
+        reservation_id = f"{self._id_prefix}{next(self._ids)}"
         try:  # a remote store bounds each call by its own timeout
             admission = await self.store.admit(limits, cost.total, reservation_id, self.lease_s, period)
         except StateStoreError as exc:
