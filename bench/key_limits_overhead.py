@@ -11,9 +11,11 @@ arm's figure minus the `off` arm's.
 
 First, the admission alone, in this process: `KeyLimiter.admit` on each store, one request at a
 time (each settled right after, as the gateway does), its wall time per call — what the limiter
-puts on a request's path without the HTTP noise around it.
+puts on a request's path without the HTTP noise around it. Then one request at a time through
+each gateway, interleaved (off, memory, redis, off, ...), so that all three see the same moments
+of a noisy machine; then the closed-loop cells.
 
-    .venv/bin/python bench/key_limits_overhead.py                # ~5 min on 2 cores
+    .venv/bin/python bench/key_limits_overhead.py                # ~6 min on 2 cores
     .venv/bin/python bench/key_limits_overhead.py --smoke
 """
 
@@ -35,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.arms import MODEL, Arm, start_upstream, switchyard_config, switchyard_version  # noqa: E402
 from bench.common import (  # noqa: E402
     RESULTS,
+    Connection,
+    chat_body,
+    pct,
     fmt,
     free_port,
     load_average,
@@ -123,6 +128,28 @@ async def admission_timings(redis_url: str, samples: int) -> dict[str, dict]:
     return out
 
 
+async def interleaved(arms: dict[str, Arm], *, stream: bool, rounds: int, tokens: int) -> list[dict]:
+    """One request at a time, the arms taking turns; per arm p50/p99 and added vs `off`."""
+    data = chat_body(MODEL, stream=stream, max_tokens=tokens)
+    conns = {name: await Connection.open(arm.port, headers=arm.headers) for name, arm in arms.items()}
+    totals: dict[str, list[float]] = {name: [] for name in arms}
+    for i in range(rounds + 20):
+        for name in ARMS:
+            timing = await conns[name].post(arms[name].path, data)
+            if i >= 20:  # warm-up: connections, the script's first load
+                totals[name].append(timing.total_s)
+    for conn in conns.values():
+        conn.close()
+    rows = [{"arm": name, "stream": stream, "requests": rounds, "p50_ms": pct(totals[name], 0.5) * 1e3,
+             "p99_ms": pct(totals[name], 0.99) * 1e3} for name in ARMS]
+    for row in rows:
+        row["added_p50_ms"] = row["p50_ms"] - rows[0]["p50_ms"]
+        row["added_p99_ms"] = row["p99_ms"] - rows[0]["p99_ms"]
+        print(f"interleaved {'stream' if stream else 'json  '} {row['arm']:<7} p50 {row['p50_ms']:6.3f} ms p99 {row['p99_ms']:7.3f} ms  "
+              f"added p50 {row['added_p50_ms']:+6.3f} p99 {row['added_p99_ms']:+7.3f} ms", flush=True)
+    return rows
+
+
 async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> list[dict]:
     cells = []
     for stream, concurrency in itertools.product((False, True), args.concurrency):
@@ -152,7 +179,8 @@ async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--rounds", type=int, default=2000, help="interleaved: requests per arm, one at a time")
     # a fast upstream: the limiter's fraction of a millisecond is not lost in the upstream's pacing
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--pace-ms", type=float, default=0.0)
@@ -165,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.concurrency, args.repeats, args.min_requests, args.per_connection = [1, 4], 1, 10, 2
+        args.concurrency, args.repeats, args.min_requests, args.per_connection, args.rounds = [4], 1, 10, 2, 20
         args.tokens, args.pace_ms, args.wait_quiet, args.max_cell_seconds, args.admit_samples = 4, 1.0, 0.0, 5.0, 200
     versions = {"switchyard": switchyard_version(), "redis-server": _redis_version(), "client": use_uvloop()}
     info = print_header("per-key limits overhead: off vs in-process vs Redis", versions)
@@ -177,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         admission = asyncio.run(admission_timings(redis_url, args.admit_samples))
         arms = start_arms(stack, Path(tmp), args, redis_url)
         time.sleep(0.5)
+        sequential = [row for stream in (False, True)
+                      for row in asyncio.run(interleaved(arms, stream=stream, rounds=args.rounds, tokens=args.tokens))]
         cells = asyncio.run(run(args, arms))
     load1 = load_average()
     report = {"machine": info, "versions": versions, "config": {k: str(v) for k, v in vars(args).items()},
-              "admission": admission, "cells": cells,
+              "admission": admission, "interleaved": sequential, "cells": cells,
               "load_note": load_note(load0, load1), "uptime_after": uptime_line()}
     write_result("key_limits_overhead", report, results_dir=args.results_dir, smoke=args.smoke)
     return 0
