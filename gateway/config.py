@@ -88,6 +88,8 @@ class ServerConfig(_Config):
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
         shown["api_keys"] = ["***"] * len(self.api_keys)
+        if self.state:
+            shown["state"] = re.sub(r"//[^@/]*@", "//***@", self.state)
         return f"ServerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 

@@ -62,3 +62,11 @@ def test_a_parallel_slot_is_held_at_most_the_longest_deadline() -> None:
     assert longest_deadline(parse_config("", "p")) == LEASE_DEFAULT_S
     assert longest_deadline(parse_config("[server]\nrequest_timeout_s = 30\n" + route.format("request_timeout_s = 90\n"), "p")) == 90
     assert longest_deadline(parse_config(route.format("request_timeout_s = 90\n"), "p")) == LEASE_DEFAULT_S  # the server has none
+
+
+def test_the_state_password_is_a_secret() -> None:
+    from gateway.auth import Redactor
+
+    config = parse_config('[server]\nstate = "redis://:hunter2-pass@10.0.0.5:6379/1"\n', "plugins.toml")
+    assert "hunter2-pass" not in repr(config.server) and "//***@10.0.0.5" in repr(config.server)
+    assert Redactor.from_config(config)("AUTH hunter2-pass failed") == "AUTH [redacted] failed"
