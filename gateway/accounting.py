@@ -3,10 +3,11 @@ real usage) and the request's trace. A request gets a `RequestAccounting` only w
 two is on for it (a key with limits, `[telemetry]`); otherwise the serving path carries None
 and does no work for either.
 
-Every front-end calls `open_accounting` once, before serving, and hands the result to
-`open_stream` / `collect` (gateway/chat_completions.py), whose `Observed` reports each attempt,
-the events and the end; `finish` is idempotent, so the front-end also calls it on any error that
-escapes before `Observed` took over (a refusal before the first attempt, a cancellation).
+`gateway.http_common.serve` calls `open_accounting` once per request, before serving, and hands
+the result through the front-end's `open_stream` / `collect` to `gateway.serving`, whose
+`Observed` reports each attempt, the events and the end; `finish` is idempotent, so `serve` also
+calls it on any error that escapes before `Observed` took over (a refusal before the first
+attempt, a cancellation). Every wire API served through `serve` is thus limited and traced.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ STREAM = Key("stream", {"budget_tokens": 100_000, "max_parallel": 5})
 PARALLEL = Key("parallel", {"max_parallel": 2})
 BUDGET = Key("budget", {"budget_tokens": 60, "budget_period": "month"})
 PLAIN = Key("plain", {})
-ALL_KEYS = (BURST, TOKENS, STREAM, PARALLEL, BUDGET, PLAIN)
+RESPONSES = Key("responses", {"rpm": 1, "budget_tokens": 100_000})  # the Responses API, served through the same path
+ALL_KEYS = (BURST, TOKENS, STREAM, PARALLEL, BUDGET, PLAIN, RESPONSES)
 
 
 def limits_config(*, keys: tuple[Key, ...] = ALL_KEYS, **server: object) -> str:

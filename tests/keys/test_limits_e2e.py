@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.keys.gateways import BUDGET, BURST, PARALLEL, PLAIN, STREAM, TOKENS, chat, limits_config, usage_of
+from tests.keys.gateways import BUDGET, BURST, PARALLEL, PLAIN, RESPONSES, STREAM, TOKENS, chat, limits_config, usage_of
 from tests.support.probes import wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.server import ROOT, running_server
@@ -135,6 +135,24 @@ def test_budget_exhausted_is_a_429_insufficient_quota(memory_gateway: str) -> No
     assert refused.value.status_code == 429
     assert error["type"] == "insufficient_quota" and error["code"] == "insufficient_quota"
     assert int(refused.value.response.headers["retry-after"]) >= 1
+
+
+def test_the_responses_api_counts_against_the_key(gateway: str) -> None:
+    """`/v1/responses` goes through the same limits: rpm 1 admits one call, streamed or not, and
+    the budget settles on the usage the client saw (30 tokens were reserved)."""
+    with openai.OpenAI(base_url=gateway + "/v1", api_key=RESPONSES.secret, max_retries=0) as client:
+        raw = client.responses.with_raw_response.create(model="echo-1", input="one two three", max_output_tokens=30)
+        response = raw.parse()
+        assert response.output_text == "one two three"
+        assert (raw.headers["x-ratelimit-limit-requests"], raw.headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+        assert wait_until(lambda: usage_of(gateway, "responses")["budget"]["used"] == response.usage.total_tokens)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.responses.create(model="echo-1", input="again", stream=True)
+    assert refused.value.body["code"] == "rate_limit_exceeded"
+    headers = refused.value.response.headers
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+    assert int(headers["retry-after"]) >= 1
+    assert usage_of(gateway, "responses")["rpm"]["remaining"] == 0
 
 
 def test_a_key_without_limits_gets_no_rate_limit_headers(memory_gateway: str) -> None:

@@ -139,6 +139,32 @@ def test_a_request_is_one_span_with_a_child_per_attempt_and_its_traceparent_goes
     assert seen is not None and seen["traceparent"] == f"00-{trace_id}-{served.span_id}-01"
 
 
+def test_a_responses_api_request_is_traced_the_same_way(gateway: str, upstream: FaultyUpstream, receiver: OTLPReceiver) -> None:
+    """`/v1/responses` is served through the shared path: the same SERVER span with its usage,
+    and the attempt's `traceparent` upstream."""
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    request_id = "traced-" + secrets.token_hex(4)
+    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as client:
+        response = client.responses.create(
+            model="m-up-ok",
+            input="trace the responses api",
+            max_output_tokens=40,
+            extra_headers={"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": request_id},
+        )
+    spans = _spans(receiver, trace_id, 2)
+    (request,) = [s for s in spans if s.kind == "SERVER"]
+    (attempt,) = [s for s in spans if s.kind == "CLIENT"]
+    assert (request.name, request.parent_span_id) == ("chat m-up-ok", client_span)
+    attrs = request.attributes
+    assert attrs["gen_ai.request.max_tokens"] == 40 and attrs["gen_ai.request.stream"] is False
+    assert attrs["gen_ai.usage.input_tokens"] == response.usage.input_tokens
+    assert attrs["gen_ai.usage.output_tokens"] == response.usage.output_tokens
+    assert (attrs["switchyard.backend"], attrs["switchyard.outcome"], attrs["switchyard.request_id"]) == ("up-ok", "ok", request_id)
+    assert attempt.parent_span_id == request.span_id
+    seen = upstream.request(request_id)
+    assert seen is not None and seen["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+
+
 def test_a_failed_request_is_an_error_span(gateway: str, receiver: OTLPReceiver) -> None:
     trace_id = secrets.token_hex(16)
     with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as client, pytest.raises(openai.BadRequestError):
