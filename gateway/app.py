@@ -20,6 +20,7 @@ from gateway.auth import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
@@ -232,7 +233,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
     return Litestar(
         route_handlers=[chat_completions, completions, *responses_api.HANDLERS, *messages_api.HANDLERS,
                         *embeddings_api.HANDLERS, list_models, get_model, tokenize, detokenize,
-                        render, health, ready, metrics],
+                        render, health, ready, metrics, keys_usage],
         lifespan=[lifespan, responses_api.lifespan(config.responses)],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

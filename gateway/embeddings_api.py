@@ -20,7 +20,9 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from msgspec import Meta, Struct
 
-from gateway.http_common import CLIENT_CLOSED_REQUEST, authorize, decode_body, response_headers, unless_disconnected
+from gateway.accounting import RequestAccounting
+from gateway.http_common import CLIENT_CLOSED_REQUEST, accounted, authorize, decode_body, response_headers
+from gateway.keys.limits import CHARS_PER_TOKEN, TokenCost
 from gateway.schemas import TokenId
 from gateway.service import Gateway
 from gateway.serving import Observed
@@ -84,10 +86,17 @@ def routing_spec(req: EmbeddingsRequest, *, request_id: str) -> RequestSpec:
                        sampling=SamplingParams(), user=req.user)
 
 
-async def embed(gateway: Gateway, spec: RequestSpec, request: EmbedRequest) -> tuple[EmbedResult, str]:
+def cost_of(inputs: list[str] | list[list[int]]) -> TokenCost:
+    """What a key's limits reserve for embedding `inputs` (settled on the backend's count)."""
+    return TokenCost(prompt=sum(len(item) if isinstance(item, list) else len(item) // CHARS_PER_TOKEN + 1
+                                for item in inputs), completion=0)
+
+
+async def embed(gateway: Gateway, spec: RequestSpec, request: EmbedRequest,
+                accounting: RequestAccounting | None = None) -> tuple[EmbedResult, str]:
     """The embeddings and the backend that made them. A failure before the backend answered is
     tried on the route's next target when the route allows more attempts."""
-    observed = Observed(gateway, spec, gateway.plan(spec.model))
+    observed = Observed(gateway, spec, gateway.plan(spec.model), accounting=accounting)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -132,14 +141,18 @@ async def create_embeddings(request: Request, state: State) -> Response:
     authorize(request, data.model)
     inputs = inputs_of(data)
     spec = gateway.with_routing_keys(routing_spec(data, request_id=request.state.request_id), request.headers)
-    work = embed(gateway, spec, EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,
-                                             dimensions=data.dimensions, user=data.user))
-    done = await unless_disconnected(request.receive, work)  # the client gone: the backend's work is cancelled
+    embed_request = EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,
+                                 dimensions=data.dimensions, user=data.user)
+    # the client gone: the backend's work is cancelled
+    done, limit_headers = await accounted(request, gateway, spec,
+                                          lambda accounting: embed(gateway, spec, embed_request, accounting),
+                                          cost_of(inputs))
     if done is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     result, backend = done
     body = msgspec.json.encode(response(data, result))
-    return Response(content=body, media_type="application/json", headers=response_headers(request, backend))
+    return Response(content=body, media_type="application/json",
+                    headers={**response_headers(request, backend), **limit_headers})
 
 
 HANDLERS = [create_embeddings]

@@ -7,6 +7,7 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
+from gateway.accounting import RequestAccounting
 from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
 from gateway.limits import cap_max_tokens, check_messages
 from gateway.messages_api import schemas as M
@@ -17,13 +18,13 @@ from gateway.serving import Served, collect_events, open_events, stream_body
 from plugins.protocol import RequestSpec
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
-    opened = await open_events(gateway, spec)
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+    opened = await open_events(gateway, spec, accounting=accounting)
     return Served(body=stream_body(opened, MessageStream(spec)), backend=opened.backend)
 
 
-async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
-    sink, usage, backend = await collect_events(gateway, spec, MessageSink)
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+    sink, usage, backend = await collect_events(gateway, spec, MessageSink, accounting=accounting)
     return Served(body=sink.message(spec, usage), backend=backend)
 
 
