@@ -6,7 +6,7 @@ so the kernel spreads new connections over them evenly, and hands each worker it
 keeps its own copy open: a worker that dies is restarted on the same socket (after a pause
 that grows while it keeps dying young), and the connections that arrived meanwhile wait in that
 socket's queue instead of being refused. Restarts are counted in
-`switchyard_worker_restarts_total`.
+`switchyard_worker_restarts_total{worker}`.
 
 Before the workers start, the parent starts what they share: for each backend whose type has
 a `share` (the built-in engine's process), once, and the workers get the options it returns.
@@ -125,7 +125,8 @@ class WorkerPool:
         self.drain_s = drain_s
         self.slots = [Slot(i, sock) for i, sock in enumerate(sockets)]
         self.draining = False
-        self.restarts = Counter("switchyard_worker_restarts", "Worker processes restarted after they died.", registry=None)
+        self.restarts = Counter("switchyard_worker_restarts", "Worker processes restarted after they died, by worker number.",
+                                ("worker",), registry=None)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -181,7 +182,7 @@ class WorkerPool:
             pause = pause * 2 if time.monotonic() - started < YOUNG_S else RESTART_PAUSE_S
             pause = min(pause, 30.0)
             log.error("worker %d (pid %d) exited with code %s; restarting it in %g s", slot.index, process.pid, code, pause)
-            self.restarts.inc()
+            self.restarts.labels(str(slot.index)).inc()
             await asyncio.sleep(pause)
             if self.draining:
                 return 0
