@@ -53,10 +53,10 @@ def gateway_md(rep: dict) -> list[str]:
                        f"{fmt(s['max_rps_at_equal_p99'], '.0f')} |")
     h = rep.get("headline") or {}
     if h.get("ratios_switchyard_over_litellm"):
-        out += ["", "Switchyard / LiteLLM:", "", "| mode | conc | added p50 | added p99 | req/s | CPU/1k | RSS |",
-                "|---|---|---|---|---|---|---|"]
+        out += ["", "Switchyard / LiteLLM (as many workers):", "",
+                "| workers | mode | conc | added p50 | added p99 | req/s | CPU/1k | RSS |", "|---|---|---|---|---|---|---|---|"]
         for r in h["ratios_switchyard_over_litellm"]:
-            out.append(f"| {'stream' if r['stream'] else 'json'} | {r['concurrency']} | {fmt(r['added_p50'])}x | "
+            out.append(f"| {r.get('workers', 1)} | {'stream' if r['stream'] else 'json'} | {r['concurrency']} | {fmt(r['added_p50'])}x | "
                        f"{fmt(r['added_p99'])}x | {fmt(r['requests_per_s'])}x | {fmt(r['cpu_s_per_1k'])}x | "
                        f"{fmt(r['peak_rss'])}x |")
     for name, t in (h.get("targets") or {}).items():

@@ -14,12 +14,34 @@ children once and caches them: the request path does no label lookups of its own
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LABELS = ("route", "backend")
+
+
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    """`histogram.observe(v)` for each of `values` (a label child without exemplars), adding each
+    bucket's count and the sum once: a request's inter-token gaps cost a few increments instead
+    of two per token (each a locked write of an mmap'ed value under several workers)."""
+    if not values:
+        return
+    bounds = getattr(histogram, "_upper_bounds", None)
+    if bounds is None:  # another prometheus_client layout: one by one
+        for value in values:
+            histogram.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:
+        i = bisect_left(bounds, value)  # the first bucket whose bound holds it, as observe() picks
+        counts[i] = counts.get(i, 0) + 1
+    buckets = histogram._buckets  # type: ignore[attr-defined]
+    for i, n in counts.items():
+        buckets[i].inc(n)
+    histogram._sum.inc(sum(values))  # type: ignore[attr-defined]
 
 
 class ArmFamilies:

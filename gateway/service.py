@@ -23,7 +23,7 @@ import pluggy
 from gateway.auth import Redactor
 from gateway.config import Config, ShadowConfig, resolve_backend_options
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
-from gateway.metrics import ArmMetrics, Metrics
+from gateway.metrics import ArmMetrics, Metrics, observe_all
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.validation import check_capabilities
 from plugins import routing
@@ -362,8 +362,7 @@ class Gateway:
         arm.e2e.observe(timings["e2e"])
         if timings["ttft"] is not None:
             arm.ttft.observe(timings["ttft"])
-        for gap in timings["itl"]:
-            arm.itl.observe(gap)
+        observe_all(arm.itl, timings["itl"])
         if usage is not None:
             arm.prompt.inc(usage.prompt_tokens)
             arm.completion.inc(usage.completion_tokens)
