@@ -213,19 +213,35 @@ def plots(results: Path, reps: dict[str, dict], suffix: str) -> list[Path]:
     return written
 
 
+def interference_md(rep: dict) -> list[str]:
+    cfg = rep["config"]
+    out = ["## Interference (bench/interference.py)", "", _machine_line(rep), "",
+           f"Proxied route at {cfg['streams']} streams ({cfg['tokens']} tokens {cfg['pace_ms']} ms apart), engine idle "
+           f"vs serving {cfg['engine_streams']} streams ({cfg['engine_threads']} thread(s)); added = through the gateway "
+           "minus direct, medians.", "",
+           "| engine | idle: added p50 / p99 ms | busy: added p50 / p99 ms | busy - idle p50 |", "|---|---|---|---|"]
+    for r in rep["results"]:
+        out.append(f"| {r['mode']} | {fmt(r['idle']['added_p50_ms'], '+.2f')} / {fmt(r['idle']['added_p99_ms'], '+.2f')} | "
+                   f"{fmt(r['busy']['added_p50_ms'], '+.2f')} / {fmt(r['busy']['added_p99_ms'], '+.2f')} | "
+                   f"{fmt(r['busy_minus_idle_added_p50_ms'], '+.2f')} |")
+    for name, t in rep["targets"].items():
+        out.append(f"- target `{name}`: {fmt(t['value'])} — {'met' if t['met'] else '**missed**'}")
+    return out + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    names = ("gateway_overhead", "stream_fidelity", "engines_compare", "memory")
+    names = ("gateway_overhead", "stream_fidelity", "engines_compare", "memory", "interference")
     reps = {n: r for n in names if (r := _load(args.results_dir, n, args.smoke)) is not None}
     if not reps:
         print(f"no results in {args.results_dir}", file=sys.stderr)
         return 1
     lines = ["# Switchyard benchmarks", ""]
     for name, fn in (("gateway_overhead", gateway_md), ("stream_fidelity", fidelity_md),
-                     ("engines_compare", engines_md), ("memory", memory_md)):
+                     ("engines_compare", engines_md), ("memory", memory_md), ("interference", interference_md)):
         if name in reps:
             lines += fn(reps[name])
     suffix = ".smoke" if args.smoke else ""
