@@ -172,8 +172,8 @@ class WorkerPool:
             if was_ready:
                 slot.ready.set()
             code = await process.wait()
-            if self.draining:
-                return code
+            if self.draining:  # a worker that got SIGTERM before it could drain died by it: no failure either
+                return 0 if code in (0, -signal.SIGTERM) else code
             _forget_worker(process.pid)
             if not slot.ready.is_set():
                 log.error("worker %d exited with code %s before it served; stopping", slot.index, code)
