@@ -8,9 +8,10 @@ where they travel msgpack-encoded over ZeroMQ:
     engine -> client   [Output | End | Result | Failure, ...]   every reply ready at once, batched
 
 `Generate` is a stream (`Output`s, then `End`); the other calls get one `Result` (or a
-`Failure`); `Abort` gets nothing. A new engine feature is one more call struct here (its
-`result` type named on it), one method on `EngineService` and one entry in `engine_process`'s
-dispatch table; nothing else has to carry it.
+`Failure`); `Abort` gets nothing. A new engine feature is one more call struct here (with its
+`result` type), one method on `EngineService` and its entry in the dispatch table there
+(`STREAMS` / `RESULTS`); the backend then makes it with `engine.call(...)` / `engine.stream(...)`
+whether the engine runs in process or not: no client or server code changes.
 
 Torch-free: the gateway's worker processes import this module, never the engine itself.
 """

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import inspect
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
@@ -31,7 +30,6 @@ import zmq.asyncio
 
 from builtin_engine.engine_calls import (
     Abort,
-    Describe,
     End,
     Envelope,
     Failure,
@@ -42,22 +40,11 @@ from builtin_engine.engine_calls import (
     Reply,
     Result,
     Started,
-    Stats,
     failure_of,
 )
-from builtin_engine.engine_service import EngineService
+from builtin_engine.engine_service import RESULTS, STREAMS, EngineService
 
 _log = logging.getLogger("switchyard.engine_process")
-
-# The dispatch table: how each call is served. Streams yield their items (sent as `Output`s, then
-# `End`); the others return one value (sent as a `Result`). `Abort` is the server's own.
-STREAMS: dict[type, Callable[[EngineService, Any], AsyncIterator[Any]]] = {
-    Generate: EngineService.generate,
-}
-RESULTS: dict[type, Callable[[EngineService, Any], Awaitable[Any]]] = {
-    Describe: lambda service, call: service.describe(),
-    Stats: lambda service, call: service.stats(),
-}
 
 _DECODER = msgspec.msgpack.Decoder(Envelope)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -87,10 +74,10 @@ class EngineServer:
         if kind is Abort:
             self.abort(identity, call)
         elif kind in STREAMS:
-            task = asyncio.get_running_loop().create_task(self._stream(identity, call_id, STREAMS[kind](self.service, call)))
+            task = asyncio.get_running_loop().create_task(self._stream(identity, call_id, self.service.stream(call)))
             self._streams[(identity, call_id)] = (task, call)
         elif kind in RESULTS:
-            asyncio.get_running_loop().create_task(self._result(identity, call_id, RESULTS[kind](self.service, call)))
+            asyncio.get_running_loop().create_task(self._result(identity, call_id, self.service.call(call)))
         else:
             self.send(identity, Failure(id=call_id, kind="engine", message=f"the engine serves no {kind.__name__} call"))
 
@@ -124,7 +111,7 @@ class EngineServer:
 
     async def _result(self, identity: bytes, call_id: int, value: Awaitable[Any]) -> None:
         try:
-            result = await value if inspect.isawaitable(value) else value
+            result = await value
             self.send(identity, Result(call_id, msgspec.Raw(_ENCODER.encode(result))))
         except Exception as exc:  # noqa: BLE001
             self._log_unexpected(exc)

@@ -4,16 +4,20 @@ The built-in backend calls it directly when the engine runs in the gateway's pro
 process (`builtin_engine.engine_process`) serves the same calls to every gateway worker. Either
 way a request's grammar is compiled here, next to the vocabulary it masks (off the event loop,
 cached), and a stream closed early aborts its request in the engine.
+
+`STREAMS` and `RESULTS` are the one dispatch table: which method serves each call struct.
+`stream(call)` / `call(call)` go through it here, and `plugins.engine_client.EngineClient` has
+the same two methods over ZeroMQ, so a new call needs its struct, its method and its entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from builtin_engine.engine_calls import EngineInfo, EngineLaunch, EngineStats, Generate, sampling_params
+from builtin_engine.engine_calls import Describe, EngineInfo, EngineLaunch, EngineStats, Generate, Stats, sampling_params
 from builtin_engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -55,6 +59,14 @@ class EngineService:
 
     # ---- the calls ------------------------------------------------------------------------------
 
+    def stream(self, call: Any) -> AsyncIterator[Any]:
+        """A streamed call's items (`STREAMS`)."""
+        return STREAMS[type(call)](self, call)
+
+    async def call(self, call: Any) -> Any:
+        """A call's one result (`RESULTS`)."""
+        return await RESULTS[type(call)](self, call)
+
     async def generate(self, call: Generate) -> AsyncIterator[RequestOutput]:
         grammar = await self._grammar(call)
         params = sampling_params(call.sampling, grammar)
@@ -69,10 +81,10 @@ class EngineService:
     def abort(self, request_id: str, requested_at: float | None = None) -> None:
         self.llm_engine.abort(request_id, requested_at=requested_at)
 
-    async def describe(self) -> EngineInfo:
+    async def describe(self, call: Describe | None = None) -> EngineInfo:
         return self.info
 
-    async def stats(self) -> EngineStats:
+    async def stats(self, call: Stats | None = None) -> EngineStats:
         engine = self.llm_engine
         return EngineStats(
             alive=engine.is_alive(), num_unfinished_requests=engine.num_unfinished_requests,
@@ -105,3 +117,13 @@ class EngineService:
             self.grammar_compiler = GrammarCompiler(self.tokenizer, vocab_size=self.info.vocab_size,
                                                     stop_token_ids=self.llm_engine.eos_token_ids)
         return self.grammar_compiler
+
+
+# The dispatch table: the method that serves each call.
+STREAMS: dict[type, Callable[[EngineService, Any], AsyncIterator[Any]]] = {
+    Generate: EngineService.generate,
+}
+RESULTS: dict[type, Callable[[EngineService, Any], Awaitable[Any]]] = {
+    Describe: EngineService.describe,
+    Stats: EngineService.stats,
+}

@@ -110,7 +110,11 @@ class EngineClient:
 
     # ---- the calls ------------------------------------------------------------------------------
 
-    async def generate(self, call: Generate) -> AsyncIterator[RequestOutput]:
+    def generate(self, call: Generate) -> AsyncIterator[RequestOutput]:
+        return self.stream(call)
+
+    async def stream(self, call: Any) -> AsyncIterator[Any]:
+        """A streamed call's items, as `EngineService.stream` yields them in the engine process."""
         call_id = next(self._ids)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._calls[call_id] = queue
@@ -132,15 +136,17 @@ class EngineClient:
                 self._abort(call_id)
 
     async def describe(self) -> EngineInfo:
-        return await self._call(Describe())
+        return await self.call(Describe())
 
     async def stats(self) -> EngineStats:
-        return await self._call(Stats())
+        return await self.call(Stats())
 
     async def health(self) -> bool:
         return self.connected and (await self.stats()).alive
 
-    async def _call(self, call: Describe | Stats) -> Any:
+    async def call(self, call: Any) -> Any:
+        """A call's one result (decoded as the call's `result` type), as `EngineService.call`
+        returns it in the engine process."""
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
