@@ -71,7 +71,6 @@ def serve_workers(config: Config, *, host: str, port: int, drain_s: float, worke
         except OSError as exc:
             log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
             return 1
-        log.info("serving http://%s:%d with %d worker processes", host, sockets[0].getsockname()[1], workers)
         return asyncio.run(WorkerPool(config, sockets, drain_s).run())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -141,6 +140,8 @@ class WorkerPool:
             if self.draining:
                 return 0
             self.config = shared.config
+            host, port = self.slots[0].socket.getsockname()[:2]
+            log.info("serving http://%s:%d with %d worker processes", host, port, len(self.slots))
             codes = await asyncio.gather(*(self._keep_running(slot) for slot in self.slots))
         finally:
             await asyncio.to_thread(shared.close)

@@ -179,6 +179,16 @@ def test_a_launch_that_fails_names_the_option(tiny_model_dir: Path) -> None:
     assert backend.engine is None and backend.supervisor is None
 
 
+def test_a_server_whose_shared_engine_cannot_start_stops_naming_the_option(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = tmp_path / "plugins.toml"
+    config.write_text(f"""[server]\nworkers = 2\n\n[[backends]]\nname = "builtin"\ntype = "builtin"\n[backends.options]
+model = "{tiny_model_dir}"\nmax_model_len = 1000000\n""")
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "configuration error: backend 'builtin', [backends.options]: max_model_len 1000000 exceeds" in done.stderr
+
+
 def _stream_body(max_tokens: int) -> dict:
     return {"model": "tiny", "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
 
