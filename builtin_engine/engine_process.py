@@ -208,8 +208,17 @@ def main() -> int:
         _stop_on_stdin_eof(loop, stop)
         await serve(service, launch.address, stop)
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(run())
     return 0
+
+
+def _loop_factory() -> Any:
+    try:
+        import uvloop  # the gateway's loop (uvicorn[standard]); the engine's I/O costs less on it
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":
