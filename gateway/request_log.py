@@ -4,8 +4,8 @@ The request path only appends a small record to a list (no I/O, no encoding, no 
 background task hands each batch to a worker thread every `flush_interval_s`, which computes
 the per-request ITL percentiles, encodes the lines and writes them: whole lines in one
 `write()` on a file opened for appending, which the kernel never interleaves with another
-process's, so the worker processes of one server share one valid JSONL file. Prompt text is written only
-when `[server] log_prompts = true`; API keys and headers never are.
+process's, so the worker processes of one server share one valid JSONL file. Prompt text is
+written only when `[server] log_prompts = true`; API keys and headers never are.
 
 A line (keys in this order; null when unknown):
 

@@ -22,8 +22,9 @@ vLLM). See `plugins.builtin_tools`.
 The engine runs in this process, or in an engine process of its own (`engine_process = true`,
 and by default under `[server] workers` > 1, where one engine process serves every worker; see
 `plugins.builtin_launch`): `plugins.engine_supervisor` starts and restarts it and
-`plugins.engine_client` makes the same calls over ZeroMQ. This process keeps the text side either way (chat template, tokenizer, tool
-parsing); the engine side compiles grammars, schedules, samples and detokenizes.
+`plugins.engine_client` makes the same calls over ZeroMQ. This process keeps the text side
+either way (chat template, tokenizer, tool parsing); the engine side compiles grammars,
+schedules, samples and detokenizes.
 
 Nothing heavy is imported here at module level: torch and `builtin_engine.engine` load in
 `start()`, and only when the engine runs in this process.
