@@ -65,6 +65,7 @@ from plugins.protocol import (
 )
 from plugins.builtin_launch import engine_launch, load_engine, share_engine, start_engine_process
 from plugins.builtin_tools import ToolPlan, output_grammar, tool_events
+from plugins.reasoning import ReasoningSplitter, choose_parser
 from plugins.registry import BackendType
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ EXTENSIONS = frozenset(
         "min_tokens",
         "ignore_eos",
         "stop_token_ids",
+        "continuous_usage_stats",
     }
 )
 _TEMPLATE_CACHE_SIZE = 16
@@ -152,6 +154,9 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "one; the server sets it for its workers.")] = None
     engine_start_timeout_s: Annotated[float, _doc("How long start-up waits for the engine process to load and "
                                                   "answer.", gt=0)] = 600.0
+    reasoning_parser: Annotated[Literal["auto", "deepseek_r1", "none"], _doc(
+        "How the model's thinking is split from its answer: 'deepseek_r1' (everything up to </think> is "
+        "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"
 
 
 def served_name(options: BuiltinOptions) -> str:
@@ -255,46 +260,61 @@ class BuiltinBackend:
         engine = self._require_engine(spec.upstream_model)
         tools = ToolPlan.of(spec, self._tool_parser_name(spec))
         try:
-            call = Generate(request_id=f"{spec.request_id}-{uuid.uuid4().hex[:8]}", prompt_ids=self._prompt_ids(spec),
+            prompt_ids, prompt_text = self._prompt_ids(spec)
+            call = Generate(request_id=f"{spec.request_id}-{uuid.uuid4().hex[:8]}", prompt_ids=prompt_ids,
                             sampling=_sampling_fields(spec), grammar=output_grammar(spec, tools), priority=spec.priority)
         except EngineError as exc:
             raise _map_engine_error(exc, spec) from exc
         n, want_logprobs = spec.sampling.n, spec.sampling.logprobs
+        reasoning = self._reasoning_splitter(spec, prompt_text)
         outputs = engine.generate(call)
         try:
             first = await anext(outputs, None)  # errors before scheduling come first, before any event
+            if spec.continuous_usage_stats:
+                yield Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
             if spec.echo and spec.kind == "completion":
-                prompt = spec.prompt if isinstance(spec.prompt, str) else self._decode(call.prompt_ids, False)
+                prompt = spec.prompt if isinstance(spec.prompt, str) else self._decode(prompt_ids, False)
                 for index in range(n):
                     yield TextDelta(text=prompt, index=index)
             pending: dict[int, list[int]] = {}  # choice -> token ids not yet sent (held-back text)
             parsers = [tools.new_parser() for _ in range(n)] if tools is not None else None
             output = first
             while output is not None:
+                events: list[Event] = []
                 for choice in output.choices:
                     if parsers is not None:
                         token_ids = pending.setdefault(choice.index, [])
                         token_ids.extend(choice.token_ids)
                         logprobs = self._logprobs(choice) if want_logprobs else None
-                        for event in tool_events(choice, token_ids, logprobs, parsers[choice.index]):
-                            yield event
+                        events += tool_events(choice, token_ids, logprobs, parsers[choice.index])
                         continue
                     event = self._text_event(choice, pending, want_logprobs=want_logprobs)
                     if event is not None:
-                        yield event
+                        events.append(event)
                     if choice.finish_reason is not None:
-                        yield Finish(reason=choice.finish_reason, index=choice.index)
-                if output.finished:
-                    yield Usage(
-                        prompt_tokens=output.num_prompt_tokens,
-                        completion_tokens=output.num_output_tokens,
-                        cached_tokens=output.num_cached_tokens,
-                    )
+                        events.append(Finish(reason=choice.finish_reason, index=choice.index))
+                if output.finished or spec.continuous_usage_stats:
+                    events.append(Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
+                                        cached_tokens=output.num_cached_tokens))
+                for event in events:
+                    if reasoning is None:
+                        yield event
+                    else:
+                        for piece in reasoning.feed(event):
+                            yield piece
                 output = await anext(outputs, None)
         except EngineError as exc:
             raise _map_engine_error(exc, spec) from exc
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]  # aborts the request if it had not finished
+
+    def _reasoning_splitter(self, spec: RequestSpec, prompt_text: str | None) -> ReasoningSplitter | None:
+        if spec.kind != "chat":
+            return None
+        template = self.chat_template if spec.chat_template is None else self._templates.get(spec.chat_template)
+        factory = choose_parser(self.options.reasoning_parser, template_source=template.source if template else None,
+                                prompt_text=prompt_text, chat_template_kwargs=spec.chat_template_kwargs)
+        return None if factory is None else ReasoningSplitter(factory)
 
     def _text_event(self, choice: ChoiceOutput, pending: dict[int, list[int]], *,
                     want_logprobs: bool) -> TextDelta | None:
@@ -347,18 +367,19 @@ class BuiltinBackend:
 
     # ---- prompts --------------------------------------------------------------------------------
 
-    def _prompt_ids(self, spec: RequestSpec) -> list[int]:
+    def _prompt_ids(self, spec: RequestSpec) -> tuple[list[int], str | None]:
+        """The prompt's token ids, and its text when a chat template rendered it."""
         assert self.tokenizer is not None
         if spec.messages is not None:
             text = self._render(spec.messages, chat_template=spec.chat_template,
                                 add_generation_prompt=spec.add_generation_prompt,
                                 continue_final_message=spec.continue_final_message, tools=spec.tools,
                                 chat_template_kwargs=spec.chat_template_kwargs)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(text, add_special_tokens=False), text
         if isinstance(spec.prompt, str):
-            return self.tokenizer.encode(spec.prompt, add_special_tokens=True)
+            return self.tokenizer.encode(spec.prompt, add_special_tokens=True), None
         if isinstance(spec.prompt, list):
-            return list(spec.prompt)
+            return list(spec.prompt), None
         raise InvalidRequest("Either messages or prompt is required.", param="messages")
 
     def _render(self, messages: list[dict[str, Any]], *, chat_template: str | None, add_generation_prompt: bool,
