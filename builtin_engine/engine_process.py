@@ -43,6 +43,7 @@ from builtin_engine.engine_calls import (
     failure_of,
 )
 from builtin_engine.engine_service import RESULTS, STREAMS, EngineService
+from builtin_engine.zmq_send import send_now
 
 _log = logging.getLogger("switchyard.engine_process")
 
@@ -54,7 +55,6 @@ class EngineServer:
     def __init__(self, service: EngineService, socket: zmq.asyncio.Socket) -> None:
         self.service = service
         self.socket = socket
-        self._send_now = zmq.Socket.shadow(socket.underlying)  # non-blocking sends from the loop's thread
         self._streams: dict[tuple[bytes, int], tuple[asyncio.Task[None], Any]] = {}
         self._outbox: dict[bytes, list[Reply]] = {}
         self._flush_scheduled = False
@@ -136,7 +136,7 @@ class EngineServer:
         outbox, self._outbox = self._outbox, {}
         for identity, replies in outbox.items():
             try:
-                self._send_now.send_multipart([identity, _ENCODER.encode(replies)], flags=zmq.NOBLOCK)
+                send_now(self.socket, [identity, _ENCODER.encode(replies)])
             except zmq.ZMQError as exc:
                 if exc.errno != errno.EHOSTUNREACH:
                     _log.error("sending to a client failed: %s", exc)

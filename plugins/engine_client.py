@@ -41,6 +41,7 @@ from builtin_engine.engine_calls import (
     error_of,
 )
 from builtin_engine.errors import EngineDeadError
+from builtin_engine.zmq_send import send_now
 from builtin_engine.outputs import RequestOutput
 
 log = logging.getLogger("switchyard.engine_client")
@@ -58,7 +59,6 @@ class EngineClient:
         self.connected = False
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
-        self._send_now: zmq.Socket | None = None  # the same socket, for non-blocking sends
         self._calls: dict[int, asyncio.Queue[Any] | asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,7 +78,7 @@ class EngineClient:
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
         monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        self._socket, self._send_now = socket, zmq.Socket.shadow(socket.underlying)
+        self._socket = socket
         self._connected_event = asyncio.Event()
         self._tasks = [loop.create_task(self._receive()), loop.create_task(self._watch(monitor))]
         socket.connect(self.address)
@@ -100,7 +100,7 @@ class EngineClient:
             self._socket.close(linger=0)
         if self._context is not None:
             self._context.term()
-        self._socket = self._send_now = self._context = None
+        self._socket = self._context = None
         self.connected = False
 
     @property
@@ -158,18 +158,17 @@ class EngineClient:
         return msgspec.msgpack.decode(raw, type=type(call).result)
 
     def _send(self, call_id: int, call: Any) -> None:
-        if not self.connected or self._send_now is None:
+        if not self.connected or self._socket is None:
             raise EngineDeadError(f"the engine process of backend {self.name!r} is not running")
         try:
-            self._send_now.send(_ENCODER.encode(Envelope(call_id, call)), flags=zmq.NOBLOCK)
+            send_now(self._socket, [_ENCODER.encode(Envelope(call_id, call))])
         except zmq.ZMQError as exc:  # EAGAIN: no engine connected (IMMEDIATE)
             raise EngineDeadError(f"the engine process of backend {self.name!r} is not reachable: {exc}") from None
 
     def _abort(self, call_id: int) -> None:
-        if self.connected and self._send_now is not None:
+        if self.connected and self._socket is not None:
             try:
-                self._send_now.send(_ENCODER.encode(Envelope(0, Abort(call_id=call_id, requested_at=time.monotonic()))),
-                                    flags=zmq.NOBLOCK)
+                send_now(self._socket, [_ENCODER.encode(Envelope(0, Abort(call_id=call_id, requested_at=time.monotonic())))])
             except zmq.ZMQError:
                 pass  # the engine is gone, and the request with it
 

@@ -277,3 +277,32 @@ def test_requests_while_the_engine_process_is_down_get_503(tiny_model_dir: Path)
         asyncio.run(main())
     finally:
         supervisor.close()
+
+
+def test_replies_are_never_left_waiting_while_calls_cross(tiny_model_dir: Path) -> None:
+    """Streams and one-shot calls crossing on the socket all end: ZeroMQ's descriptor is
+    edge-triggered, so a send that swallowed the edge of an arriving reply used to leave the
+    reader waiting forever with replies queued (here: a `stats()` that never came back)."""
+
+    async def main() -> None:
+        backend = BuiltinBackend("local", options(tiny_model_dir, engine_process=True))
+        await backend.start()
+        engine = backend.engine
+        short = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+
+        async def stream(i: int) -> None:
+            async for _ in backend.generate(spec(request_id=f"s{i}", sampling=short)):
+                pass
+
+        async def pings() -> None:
+            for _ in range(100):
+                await engine.stats()
+
+        try:
+            for _ in range(3):
+                work = asyncio.gather(*(stream(i) for i in range(8)), *(pings() for _ in range(4)))
+                await asyncio.wait_for(work, 120)  # seconds of work at most; a lost wake-up is forever
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
