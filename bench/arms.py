@@ -62,6 +62,17 @@ def parse_arm(name: str) -> tuple[str, int]:
     return base, int(suffix[:-1]) if suffix.endswith("w") else 1
 
 
+def upstream_backend(upstream_port: int) -> str:
+    """The `[[backends]]` table of Switchyard's backend on the bench upstream."""
+    return f"""[[backends]]
+name = "upstream"
+type = "openai_compatible"
+[backends.options]
+base_url = "http://127.0.0.1:{upstream_port}"
+models = {{ "{MODEL}" = "{MODEL}" }}
+"""
+
+
 def switchyard_config(upstream_port: int, *, keepalive: int | None = None, workers: int = 1) -> str:
     pool = ""
     if keepalive is not None:
@@ -73,13 +84,7 @@ workers = {workers}
 [plugins]
 disable = ["builtin"]
 
-[[backends]]
-name = "upstream"
-type = "openai_compatible"
-[backends.options]
-base_url = "http://127.0.0.1:{upstream_port}"
-models = {{ "{MODEL}" = "{MODEL}" }}
-{pool}"""
+{upstream_backend(upstream_port)}{pool}"""
 
 
 def start_switchyard(log_dir: Path, upstream_port: int, *, keepalive: int | None = None, workers: int = 1) -> Server:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.arms import MODEL, Arm, arm_versions, start_upstream  # noqa: E402
+from bench.arms import Arm, arm_versions, start_upstream, upstream_backend  # noqa: E402
 from bench.common import (  # noqa: E402
     RESULTS,
     Connection,
@@ -57,13 +57,7 @@ def switchyard_config(upstream_port: int, *, engine_process: bool, model: str, t
     return f"""[server]
 log_level = "warning"
 
-[[backends]]
-name = "upstream"
-type = "openai_compatible"
-[backends.options]
-base_url = "http://127.0.0.1:{upstream_port}"
-models = {{ "{MODEL}" = "{MODEL}" }}
-
+{upstream_backend(upstream_port)}
 [[backends]]
 name = "builtin"
 type = "builtin"
