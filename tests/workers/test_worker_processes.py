@@ -116,7 +116,8 @@ async def _stream(client: httpx.AsyncClient, i: int, words: int, begun: list[int
 
 
 def test_sigterm_drains_every_worker_and_exits_0(tmp_path: Path) -> None:
-    with serving(two_workers(tmp_path, drain_s=1.5, token_delay_s=0.05), tmp_path) as server:
+    # room for the long answers (the echo model's default 256 tokens would end them after ~2.7 s)
+    with serving(two_workers(tmp_path, drain_s=1.5, token_delay_s=0.05, max_model_len=1024), tmp_path) as server:
         workers = server.children("gateway.worker")
 
         async def main() -> list[tuple[list, str]]:
