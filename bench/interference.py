@@ -13,7 +13,7 @@ the engine. Added latency = through the gateway minus direct under the same load
 Target (issue #17): with the engine process, the proxied route's added p50 while the engine
 serves 32 streams is within 1 ms of its added p50 with the engine idle.
 
-    .venv/bin/python bench/interference.py              # ~6 min on 2 cores
+    .venv/bin/python bench/interference.py              # ~3 min on 2 cores
     .venv/bin/python bench/interference.py --smoke      # tiny random model, a few seconds per cell
 """
 
