@@ -236,7 +236,15 @@ kv_cache_tokens = 4096
         error = assert_error_shape(events[-2])
         assert error["type"] == "upstream_error", error
         assert wait_until(lambda: httpx.get(server.base + "/ready", timeout=5).status_code == 503, timeout=10)
-        assert wait_until(lambda: httpx.get(server.base + "/ready", timeout=5).status_code == 200, timeout=120), server.log_text()[-3000:]
+        ready: set[str] = set()  # /ready is each worker's own: wait until both are connected again
+
+        def both_ready() -> bool:
+            r = httpx.get(server.base + "/ready", timeout=5)  # a new connection: the kernel picks the worker
+            if r.status_code == 200:
+                ready.add(r.headers["x-switchyard-worker"])
+            return ready == {"0", "1"}
+
+        assert wait_until(both_ready, timeout=120), server.log_text()[-3000:]
         r = httpx.post(server.base + "/v1/chat/completions", json={**_stream_body(8), "stream": False}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] in set.union(*answers.values())
