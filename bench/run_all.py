@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, ROOT, uptime_line  # noqa: E402
 
-SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare", "interference")
+SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare", "interference", "key_limits_overhead")
 FULL_RUN_ARGS = {"gateway_overhead": ["--workers", "1", "2"]}  # not in --smoke
 
 

@@ -89,3 +89,15 @@ def test_interference_smoke(tmp_path: Path) -> None:
             assert cell["direct"]["errors"] == 0 and cell["switchyard"]["errors"] == 0, cell
             assert cell["switchyard"]["requests"] > 0
     assert "engine_process: busy - idle added p50 <= 1 ms" in report["targets"]
+
+
+def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `python -m engines.install redis`")
+    report = run_script("key_limits_overhead", tmp_path)
+    assert set(report["admission"]) == {"memory", "redis"}
+    assert {r["arm"] for r in report["cells"]} == {"off", "memory", "redis"}
+    for row in report["cells"]:
+        assert row["errors"] == 0 and row["requests"] > 0, row
