@@ -77,10 +77,10 @@ def switchyard_config(upstream_port: int, *, keepalive: int | None = None, worke
     pool = ""
     if keepalive is not None:
         pool = f"[backends.options.pool]\nmax_keepalive_connections = {keepalive}\n"
+    more = f"workers = {workers}\n" if workers != 1 else ""  # key_limits_overhead adds keys after log_level
     return f"""[server]
 log_level = "warning"
-workers = {workers}
-
+{more}
 [plugins]
 disable = ["builtin"]
 
