@@ -38,16 +38,15 @@ def engine_launch(name: str, options: BuiltinOptions) -> EngineLaunch:
     return EngineLaunch(model_dir=str(model_dir), config=config)
 
 
-def _engine_config(o: BuiltinOptions) -> EngineConfig:
+def _engine_config(options: BuiltinOptions) -> EngineConfig:
+    """The engine settings are the backend options of the same names (an engine setting no option
+    names keeps its default), so a new engine option needs its `BuiltinOptions` field only."""
+    from dataclasses import fields
+
     from builtin_engine.config import EngineConfig
 
-    return EngineConfig(
-        dtype=o.dtype, max_model_len=o.max_model_len, max_num_seqs=o.max_num_seqs,
-        max_num_batched_tokens=o.max_num_batched_tokens, block_size=o.block_size,
-        kv_cache_tokens=o.kv_cache_tokens, max_waiting=o.max_waiting,
-        enable_prefix_caching=o.enable_prefix_caching, num_threads=o.num_threads,
-        logprobs_mode=o.logprobs_mode, matmul_dtype=o.matmul_dtype,
-    )
+    given = msgspec.structs.asdict(options)
+    return EngineConfig(**{f.name: given[f.name] for f in fields(EngineConfig) if f.name in given})
 
 
 def load_engine(name: str, launch: EngineLaunch) -> EngineService:
