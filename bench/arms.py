@@ -5,6 +5,9 @@
 - `litellm`: LiteLLM's proxy (its own venv, bench/litellm_env.py) with one `openai/` model
   pointing at it.
 
+`switchyard-2w` / `litellm-2w` (any `-<N>w`): the same gateway with N worker processes
+(`[server] workers = N`, LiteLLM's `--num_workers N`).
+
 `start_arms()` starts the upstream and the requested gateways; `Arm.pid` is the process whose
 CPU and RSS are the gateway's cost (None for direct).
 """
@@ -49,41 +52,57 @@ def start_upstream(log_dir: Path, *, tokens: int, pace_ms: float, uvloop: bool =
     return server
 
 
-def switchyard_config(upstream_port: int, *, keepalive: int | None = None) -> str:
-    pool = ""
-    if keepalive is not None:
-        pool = f"[backends.options.pool]\nmax_keepalive_connections = {keepalive}\n"
-    return f"""[server]
-log_level = "warning"
+def arm_name(base: str, workers: int) -> str:
+    return base if workers == 1 else f"{base}-{workers}w"
 
-[plugins]
-disable = ["builtin"]
 
-[[backends]]
+def parse_arm(name: str) -> tuple[str, int]:
+    """("switchyard", 2) for "switchyard-2w"."""
+    base, _, suffix = name.partition("-")
+    return base, int(suffix[:-1]) if suffix.endswith("w") else 1
+
+
+def upstream_backend(upstream_port: int) -> str:
+    """The `[[backends]]` table of Switchyard's backend on the bench upstream."""
+    return f"""[[backends]]
 name = "upstream"
 type = "openai_compatible"
 [backends.options]
 base_url = "http://127.0.0.1:{upstream_port}"
 models = {{ "{MODEL}" = "{MODEL}" }}
-{pool}"""
+"""
 
 
-def start_switchyard(log_dir: Path, upstream_port: int, *, keepalive: int | None = None) -> Server:
+def switchyard_config(upstream_port: int, *, keepalive: int | None = None, workers: int = 1) -> str:
+    pool = ""
+    if keepalive is not None:
+        pool = f"[backends.options.pool]\nmax_keepalive_connections = {keepalive}\n"
+    more = f"workers = {workers}\n" if workers != 1 else ""  # key_limits_overhead adds keys after log_level
+    return f"""[server]
+log_level = "warning"
+{more}
+[plugins]
+disable = ["builtin"]
+
+{upstream_backend(upstream_port)}{pool}"""
+
+
+def start_switchyard(log_dir: Path, upstream_port: int, *, keepalive: int | None = None, workers: int = 1) -> Server:
     port = free_port()
-    config = log_dir / "switchyard.toml"
-    config.write_text(switchyard_config(upstream_port, keepalive=keepalive))
+    config = log_dir / f"switchyard-{workers}w.toml"
+    config.write_text(switchyard_config(upstream_port, keepalive=keepalive, workers=workers))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--host", "127.0.0.1",
             "--port", str(port), "--drain-seconds", "1"]
-    server = spawn("switchyard", argv, port=port, log_dir=log_dir)
+    server = spawn(arm_name("switchyard", workers), argv, port=port, log_dir=log_dir)
     wait_ready(server, "/health", timeout=60)
     return server
 
 
-def start_litellm(log_dir: Path, upstream_port: int) -> tuple[Server, str]:
+def start_litellm(log_dir: Path, upstream_port: int, *, workers: int = 1) -> tuple[Server, str]:
     cfg = litellm_env.write_config(log_dir, model=MODEL, upstream_base=f"http://127.0.0.1:{upstream_port}/v1")
     port = free_port()
-    server = spawn("litellm", litellm_env.server_argv(cfg.path, port), port=port, log_dir=log_dir,
-                   env=litellm_env.offline_env(), cwd=log_dir)
+    server = spawn(arm_name("litellm", workers), litellm_env.server_argv(cfg.path, port, workers=workers), port=port,
+                   log_dir=log_dir, env=litellm_env.offline_env(), cwd=log_dir)
     wait_ready(server, "/health/liveliness", timeout=180)
     return server, cfg.master_key
 
@@ -124,21 +143,21 @@ def started_arms(names: list[str], *, tokens: int, pace_ms: float, log_dir: Path
         stack.callback(upstream.stop)
         arms: dict[str, Arm] = {}
         for name in names:
+            base, workers = parse_arm(name)
             if name == "direct":
                 arms[name] = Arm("direct", upstream.port, "/v1/chat/completions", {}, None, None)
-            elif name == "switchyard":
-                server = start_switchyard(log_dir, upstream.port, keepalive=keepalive)
+            elif base == "switchyard":
+                server = start_switchyard(log_dir, upstream.port, keepalive=keepalive, workers=workers)
                 stack.callback(server.stop)
-                arms[name] = Arm("switchyard", server.port, "/v1/chat/completions", {}, server,
-                                 switchyard_version())
-            elif name == "litellm":
+                arms[name] = Arm(name, server.port, "/v1/chat/completions", {}, server, switchyard_version())
+            elif base == "litellm":
                 if not litellm_env.installed():
-                    print(f"SKIPPED litellm arm: not installed (python bench/litellm_env.py install; "
+                    print(f"SKIPPED {name} arm: not installed (python bench/litellm_env.py install; "
                           f"litellm {litellm_env.LITELLM_VERSION})", flush=True)
                     continue
-                server, key = start_litellm(log_dir, upstream.port)
+                server, key = start_litellm(log_dir, upstream.port, workers=workers)
                 stack.callback(server.stop)
-                arms[name] = Arm("litellm", server.port, "/v1/chat/completions",
+                arms[name] = Arm(name, server.port, "/v1/chat/completions",
                                  {"authorization": f"Bearer {key}"}, server, litellm_env.version())
             else:
                 raise ValueError(f"unknown arm {name}")

@@ -22,6 +22,10 @@ p99 ("before p99 doubles"), and within 2x direct's low-rate p99 ("at equal p99")
     .venv/bin/python bench/gateway_overhead.py                       # ~10 min on 2 cores
     .venv/bin/python bench/gateway_overhead.py --smoke               # a few seconds, no LiteLLM unless installed
     .venv/bin/python bench/gateway_overhead.py --arms direct switchyard --concurrency 64
+    .venv/bin/python bench/gateway_overhead.py --workers 1 2 --concurrency 64 256 --stream-only   # issue #17's rows
+
+`--workers 1 2` runs each gateway arm once per worker count (`switchyard`, `switchyard-2w`,
+`litellm`, `litellm-2w`), and the ratios compare Switchyard and LiteLLM with as many workers.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.arms import MODEL, Arm, arm_versions, started_arms  # noqa: E402
+from bench.arms import MODEL, Arm, arm_name, arm_versions, started_arms  # noqa: E402
 from bench.common import (  # noqa: E402
     RESULTS,
     ClientError,
@@ -218,7 +222,7 @@ def quiet(args: argparse.Namespace) -> float:
 
 
 async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> dict:
-    names = [n for n in ARMS if n in arms]
+    names = list(arms)
     idle = {}
     for name in names:  # what a gateway burns with no traffic (health probes, timers), CPU % of one core
         if arms[name].pid is not None:
@@ -227,7 +231,7 @@ async def run(args: argparse.Namespace, arms: dict[str, Arm]) -> dict:
             idle[name] = 100 * meter.cpu_s / args.idle_seconds
             print(f"{name} idle: {idle[name]:.1f}% of a core, RSS {meter.peak_rss / 2**20:.0f} MiB", flush=True)
     cells: list[dict] = []
-    for stream, concurrency in itertools.product((False, True), args.concurrency):
+    for stream, concurrency in itertools.product((True,) if args.stream_only else (False, True), args.concurrency):
         requests = max(args.min_requests, args.per_connection * concurrency)
         runs: dict[str, list[dict]] = {n: [] for n in names}
         for rep in range(args.repeats):
@@ -271,40 +275,49 @@ def _format(row: dict) -> str:
     return text + f"  [others {row.get('others_busy_pct', float('nan')):.0f}% busy]"
 
 
-def headline(result: dict, targets_c: int) -> dict:
-    """Switchyard / LiteLLM ratios and the issue's targets."""
+def headline(result: dict, targets_c: int, workers: list[int]) -> dict:
+    """Switchyard / LiteLLM ratios (with as many workers) and the issues' targets."""
     cells = {(r["arm"], r["stream"], r["concurrency"]): r for r in result["cells"]}
     out: dict = {"ratios_switchyard_over_litellm": [], "targets": {}}
-    for (arm, stream, c), sy in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if arm != "switchyard":
-            continue
-        ll = cells.get(("litellm", stream, c))
-        if ll is None:
-            continue
-        out["ratios_switchyard_over_litellm"].append({
-            "stream": stream, "concurrency": c,
-            "added_p50": ratio(sy.get("added_p50_ms"), ll.get("added_p50_ms")),
-            "added_p99": ratio(sy.get("added_p99_ms"), ll.get("added_p99_ms")),
-            "requests_per_s": ratio(sy["requests_per_s"], ll["requests_per_s"]),
-            "cpu_s_per_1k": ratio(sy["cpu_s_per_1k"], ll["cpu_s_per_1k"]),
-            "peak_rss": ratio(sy["peak_rss_mib"], ll["peak_rss_mib"]),
-        })
+    sw = result["rate_sweeps"]
+    for w in workers:
+        sy_name, ll_name = arm_name("switchyard", w), arm_name("litellm", w)
+        for (arm, stream, c), sy in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+            ll = cells.get((ll_name, stream, c))
+            if arm != sy_name or ll is None:
+                continue
+            out["ratios_switchyard_over_litellm"].append({
+                "workers": w, "stream": stream, "concurrency": c,
+                "added_p50": ratio(sy.get("added_p50_ms"), ll.get("added_p50_ms")),
+                "added_p99": ratio(sy.get("added_p99_ms"), ll.get("added_p99_ms")),
+                "requests_per_s": ratio(sy["requests_per_s"], ll["requests_per_s"]),
+                "cpu_s_per_1k": ratio(sy["cpu_s_per_1k"], ll["cpu_s_per_1k"]),
+                "peak_rss": ratio(sy["peak_rss_mib"], ll["peak_rss_mib"]),
+            })
+        sy256 = cells.get((sy_name, True, 256))
+        if sy256 is not None:
+            cpu = sy256.get("cpu_s_per_1k")
+            out["targets"][f"cpu_s_per_1k_streamed_at_256<=0.6 ({sy_name})"] = {"value": cpu, "met": cpu is not None and cpu <= 0.6}
+            if w == 2:
+                added = sy256.get("added_p50_ms")
+                out["targets"][f"added_p50_ms_at_256_streams<=5 ({sy_name})"] = {"value": added,
+                                                                                 "met": added is not None and added <= 5.0}
+        if sy_name in sw and ll_name in sw:
+            r_equal = ratio(sw[sy_name]["max_rps_at_equal_p99"], sw[ll_name]["max_rps_at_equal_p99"])
+            if r_equal is None and sw[sy_name]["max_rps_at_equal_p99"] and sw[ll_name]["steps"]:
+                # LiteLLM missed the common p99 limit already at the lowest offered rate: a lower bound
+                r_equal = sw[sy_name]["max_rps_at_equal_p99"] / sw[ll_name]["steps"][0]["offered_rps"]
+                out[f"rps_at_equal_p99_ratio_is_lower_bound ({w} workers)"] = True
+            r_own = ratio(sw[sy_name]["max_rps_before_p99_doubles"], sw[ll_name]["max_rps_before_p99_doubles"])
+            out["targets"][f"rps_at_equal_p99_ratio>=10 ({w} workers)"] = {"value": r_equal,
+                                                                           "met": r_equal is not None and r_equal >= 10}
+            out[f"rps_before_p99_doubles_ratio ({w} workers)"] = r_own
     sy64 = cells.get(("switchyard", True, targets_c))
     if sy64 is not None:
         out["targets"][f"added_p50_ms_at_{targets_c}_streams<=1"] = {"value": sy64.get("added_p50_ms"),
                                                                       "met": (sy64.get("added_p50_ms") or 0) <= 1.0}
         out["targets"][f"added_p99_ms_at_{targets_c}_streams<=3"] = {"value": sy64.get("added_p99_ms"),
                                                                       "met": (sy64.get("added_p99_ms") or 0) <= 3.0}
-    sw = result["rate_sweeps"]
-    if "switchyard" in sw and "litellm" in sw:
-        r_equal = ratio(sw["switchyard"]["max_rps_at_equal_p99"], sw["litellm"]["max_rps_at_equal_p99"])
-        if r_equal is None and sw["switchyard"]["max_rps_at_equal_p99"] and sw["litellm"]["steps"]:
-            # LiteLLM missed the common p99 limit already at the lowest offered rate: a lower bound
-            r_equal = sw["switchyard"]["max_rps_at_equal_p99"] / sw["litellm"]["steps"][0]["offered_rps"]
-            out["rps_at_equal_p99_ratio_is_lower_bound"] = True
-        r_own = ratio(sw["switchyard"]["max_rps_before_p99_doubles"], sw["litellm"]["max_rps_before_p99_doubles"])
-        out["targets"]["rps_at_equal_p99_ratio>=10"] = {"value": r_equal, "met": r_equal is not None and r_equal >= 10}
-        out["rps_before_p99_doubles_ratio"] = r_own
     return out
 
 
@@ -312,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few seconds; LiteLLM only if already installed")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="worker processes of the gateway arms, one arm per count (Switchyard and LiteLLM alike)")
+    parser.add_argument("--stream-only", action="store_true", help="closed loop: streaming cells only")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")
     parser.add_argument("--pace-ms", type=float, default=10.0, help="upstream milliseconds between tokens")
@@ -344,16 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"upstream: {args.tokens} tokens {args.pace_ms:g} ms apart; concurrency {args.concurrency}; "
           f"repeats {args.repeats}; closed-loop workers start {args.start}", flush=True)
     load0 = load_average()
-    with started_arms(args.arms, tokens=args.tokens, pace_ms=args.pace_ms,
+    names = [a for a in args.arms if a == "direct"] + [arm_name(a, w) for w in args.workers for a in args.arms if a != "direct"]
+    with started_arms(names, tokens=args.tokens, pace_ms=args.pace_ms,
                       keepalive=args.switchyard_keepalive) as (_upstream, arms):
-        skipped = [a for a in args.arms if a not in arms]
+        skipped = [a for a in names if a not in arms]
         result = asyncio.run(run(args, arms))
     load1 = load_average()
     report = {"machine": info, "versions": versions, "skipped_arms": skipped,
               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               **result, "load_before": load0, "load_after": load1, "load_note": load_note(load0, load1),
               "uptime_after": uptime_line()}
-    report["headline"] = headline(result, 64)
+    report["headline"] = headline(result, 64, args.workers)
     _print_headline(report)
     write_result("gateway_overhead", report, results_dir=args.results_dir, smoke=args.smoke)
     return 0
@@ -364,13 +381,14 @@ def _print_headline(report: dict) -> None:
     print("\nSwitchyard / LiteLLM")
     for r in h["ratios_switchyard_over_litellm"]:
         kind = "stream" if r["stream"] else "json  "
-        print(f"  {kind} c={r['concurrency']:<3} added p50 {fmt(r['added_p50'])}x  added p99 {fmt(r['added_p99'])}x  "
+        print(f"  {r['workers']}w {kind} c={r['concurrency']:<3} added p50 {fmt(r['added_p50'])}x  added p99 {fmt(r['added_p99'])}x  "
               f"req/s {fmt(r['requests_per_s'])}x  cpu/1k {fmt(r['cpu_s_per_1k'])}x  rss {fmt(r['peak_rss'])}x")
     for name, sweep in report["rate_sweeps"].items():
         print(f"  {name:<10} max req/s before p99 doubles {fmt(sweep['max_rps_before_p99_doubles'], '.1f')}  "
               f"at equal p99 (<= {fmt(sweep['equal_p99_limit_ms'], '.1f')} ms) {fmt(sweep['max_rps_at_equal_p99'], '.1f')}")
-    if "rps_before_p99_doubles_ratio" in h:
-        print(f"  ratio req/s before p99 doubles: {fmt(h['rps_before_p99_doubles_ratio'])}x")
+    for key, value in h.items():
+        if key.startswith("rps_before_p99_doubles_ratio"):
+            print(f"  ratio req/s before p99 doubles{key[len('rps_before_p99_doubles_ratio'):]}: {fmt(value)}x")
     for name, t in h["targets"].items():
         print(f"  target {name}: {fmt(t['value'])} -> {'met' if t['met'] else 'MISSED'}")
     print(f"  load: {report['load_note']} (before {report['load_before'][0]:.2f}, after {report['load_after'][0]:.2f})")

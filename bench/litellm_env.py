@@ -144,9 +144,9 @@ general_settings:
     return LiteLLMConfig(path=path, master_key=key)
 
 
-def server_argv(config: Path, port: int) -> list[str]:
+def server_argv(config: Path, port: int, *, workers: int = 1) -> list[str]:
     return [str(venv_python()), "-m", "litellm.proxy.proxy_cli", "--config", str(config), "--host", "127.0.0.1",
-            "--port", str(port), "--num_workers", "1"]
+            "--port", str(port), "--num_workers", str(workers)]
 
 
 def main(argv: list[str] | None = None) -> int:

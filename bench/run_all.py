@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, ROOT, uptime_line  # noqa: E402
 
-SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare", "key_limits_overhead")
+SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare", "interference", "key_limits_overhead")
+FULL_RUN_ARGS = {"gateway_overhead": ["--workers", "1", "2"]}  # not in --smoke
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in args.only:
         cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--results-dir", str(args.results_dir)]
-        if args.smoke:
-            cmd.append("--smoke")
+        cmd += ["--smoke"] if args.smoke else FULL_RUN_ARGS.get(name, [])
         print(f"\n### {name}  [{uptime_line()}]", flush=True)
         started = time.monotonic()
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:

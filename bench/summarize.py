@@ -53,10 +53,10 @@ def gateway_md(rep: dict) -> list[str]:
                        f"{fmt(s['max_rps_at_equal_p99'], '.0f')} |")
     h = rep.get("headline") or {}
     if h.get("ratios_switchyard_over_litellm"):
-        out += ["", "Switchyard / LiteLLM:", "", "| mode | conc | added p50 | added p99 | req/s | CPU/1k | RSS |",
-                "|---|---|---|---|---|---|---|"]
+        out += ["", "Switchyard / LiteLLM (as many workers):", "",
+                "| workers | mode | conc | added p50 | added p99 | req/s | CPU/1k | RSS |", "|---|---|---|---|---|---|---|---|"]
         for r in h["ratios_switchyard_over_litellm"]:
-            out.append(f"| {'stream' if r['stream'] else 'json'} | {r['concurrency']} | {fmt(r['added_p50'])}x | "
+            out.append(f"| {r.get('workers', 1)} | {'stream' if r['stream'] else 'json'} | {r['concurrency']} | {fmt(r['added_p50'])}x | "
                        f"{fmt(r['added_p99'])}x | {fmt(r['requests_per_s'])}x | {fmt(r['cpu_s_per_1k'])}x | "
                        f"{fmt(r['peak_rss'])}x |")
     for name, t in (h.get("targets") or {}).items():
@@ -213,19 +213,35 @@ def plots(results: Path, reps: dict[str, dict], suffix: str) -> list[Path]:
     return written
 
 
+def interference_md(rep: dict) -> list[str]:
+    cfg = rep["config"]
+    out = ["## Interference (bench/interference.py)", "", _machine_line(rep), "",
+           f"Proxied route at {cfg['streams']} streams ({cfg['tokens']} tokens {cfg['pace_ms']} ms apart), engine idle "
+           f"vs serving {cfg['engine_streams']} streams ({cfg['engine_threads']} thread(s)); added = through the gateway "
+           "minus direct, medians.", "",
+           "| engine | idle: added p50 / p99 ms | busy: added p50 / p99 ms | busy - idle p50 |", "|---|---|---|---|"]
+    for r in rep["results"]:
+        out.append(f"| {r['mode']} | {fmt(r['idle']['added_p50_ms'], '+.2f')} / {fmt(r['idle']['added_p99_ms'], '+.2f')} | "
+                   f"{fmt(r['busy']['added_p50_ms'], '+.2f')} / {fmt(r['busy']['added_p99_ms'], '+.2f')} | "
+                   f"{fmt(r['busy_minus_idle_added_p50_ms'], '+.2f')} |")
+    for name, t in rep["targets"].items():
+        out.append(f"- target `{name}`: {fmt(t['value'])} — {'met' if t['met'] else '**missed**'}")
+    return out + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    names = ("gateway_overhead", "stream_fidelity", "engines_compare", "memory")
+    names = ("gateway_overhead", "stream_fidelity", "engines_compare", "memory", "interference")
     reps = {n: r for n in names if (r := _load(args.results_dir, n, args.smoke)) is not None}
     if not reps:
         print(f"no results in {args.results_dir}", file=sys.stderr)
         return 1
     lines = ["# Switchyard benchmarks", ""]
     for name, fn in (("gateway_overhead", gateway_md), ("stream_fidelity", fidelity_md),
-                     ("engines_compare", engines_md), ("memory", memory_md)):
+                     ("engines_compare", engines_md), ("memory", memory_md), ("interference", interference_md)):
         if name in reps:
             lines += fn(reps[name])
     suffix = ".smoke" if args.smoke else ""

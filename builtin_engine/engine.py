@@ -229,11 +229,13 @@ class LLMEngine:
             if not handle.finished:
                 self.abort(handle.request_id)
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, requested_at: float | None = None) -> None:
         """Free the request's sequences and KV blocks: before the next layer of a running step,
-        or before the next step. Unknown ids are ignored."""
+        or before the next step. Unknown ids are ignored. `requested_at`: the `time.monotonic()`
+        at which the abort was asked for elsewhere (another process; the clock is the machine's),
+        from which `abort_latencies` then counts."""
         with self._lock:
-            self._aborts.append((request_id, time.monotonic()))
+            self._aborts.append((request_id, time.monotonic() if requested_at is None else requested_at))
             self._lock.notify_all()
 
     def _new_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int,

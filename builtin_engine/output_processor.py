@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from builtin_engine.outputs import ChoiceOutput, FinishReason
-from builtin_engine.sampler import TokenLogprobs
+from builtin_engine.outputs import ChoiceOutput, FinishReason, TokenLogprobs
 from builtin_engine.sequence import Sequence
 from builtin_engine.stop_strings import find_stop_string, held_back_len
 

@@ -1,13 +1,21 @@
-"""What the engine hands back per step: the new tokens and text of each choice of a request."""
+"""What the engine hands back per step: the new tokens and text of each choice of a request.
+
+Plain dataclasses with no torch behind them, so a client in another process decodes them as
+they are (`builtin_engine.engine_calls`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from builtin_engine.sampler import TokenLogprobs
-
 FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
 
 @dataclass(slots=True)

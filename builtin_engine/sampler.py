@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 import kernels
+from builtin_engine.outputs import TokenLogprobs
 from builtin_engine.sequence import Sequence
 from builtin_engine.structured import MaskBuffer
 
@@ -39,13 +40,6 @@ def choice_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
     return (z ^ (z >> 31)) & _SEED_MASK
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True, slots=True)

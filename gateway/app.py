@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.config.app import AppConfig
-from litestar.datastructures import State
+from litestar.datastructures import ResponseHeader, State
 from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
 
@@ -213,8 +213,10 @@ async def metrics(state: State) -> Response:
     return Response(content=_gateway(state).metrics.render(), media_type="text/plain; version=0.0.4")  # Litestar appends "; charset=utf-8"
 
 
-def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
-    """The app for `config`; the lifespan builds the backends from it (or uses `gateway`)."""
+def create_app(config: Config, gateway: Gateway | None = None, *, worker: int | None = None) -> Litestar:
+    """The app for `config`; the lifespan builds the backends from it (or uses `gateway`). In a
+    server with several worker processes (`gateway.workers`), `worker` is this one's number,
+    sent in the `x-switchyard-worker` header of every answer."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -239,6 +241,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},
         openapi_config=OpenAPIConfig(title="Switchyard", version="0.1.0", path="/schema", render_plugins=[SchemaPlugin()]),
         request_max_body_size=config.server.max_body_bytes,
+        response_headers=[ResponseHeader(name="x-switchyard-worker", value=str(worker))] if worker is not None else None,
         on_app_init=[on_app_init],
         logging_config=None,
     )

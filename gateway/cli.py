@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -16,12 +15,9 @@ DEFAULT_CONFIG = "plugins.toml"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
-    from gateway.auth import Redactor, install_log_redaction
     from gateway.config import load_config
-    from gateway.serve import DRAIN_BACKSTOP_S, DrainingServer
+    from gateway.serve import serve
+    from gateway.workers import serve_workers, worker_count
 
     config = load_config(args.config)
     # everything check-config checks, before uvicorn: a bad backend option or strategy then stops
@@ -29,23 +25,11 @@ def _serve(args: argparse.Namespace) -> int:
     _validate(config)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
-    logging.basicConfig(level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(config)
     drain_s = config.server.drain_timeout_s if args.drain_seconds is None else args.drain_seconds
-    uv_config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=config.server.log_level,
-        access_log=False,
-        proxy_headers=False,  # nothing here reads the client's address: skip X-Forwarded-* parsing per request
-        # a backstop only: the gateway itself ends every request at `drain_s`
-        timeout_graceful_shutdown=drain_s + DRAIN_BACKSTOP_S,
-    )
-    install_log_redaction(Redactor.from_config(config))  # after uvicorn has set up its handlers
-    DrainingServer(uv_config, drain_s).run()
+    workers = worker_count(config.server.workers)
+    if workers > 1:
+        return serve_workers(config, host=host, port=port, drain_s=drain_s, workers=workers)
+    serve(config, host=host, port=port, drain_s=drain_s)
     return 0
 
 

@@ -52,6 +52,8 @@ class KeyConfig(_Config):
 class ServerConfig(_Config):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    # processes serving the port (`gateway.workers`); "auto": one per core
+    workers: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = 1
     max_body_bytes: Annotated[int, Meta(gt=0)] = 4 * 1024 * 1024
     # API keys clients must send as `Authorization: Bearer <key>`; empty means no auth. Also
     # read from $SWITCHYARD_API_KEYS (comma-separated). Keys with allowed routes: `keys`.

@@ -2,8 +2,10 @@
 
 The request path only appends a small record to a list (no I/O, no encoding, no sorting); a
 background task hands each batch to a worker thread every `flush_interval_s`, which computes
-the per-request ITL percentiles, encodes the lines and writes them. Prompt text is written only
-when `[server] log_prompts = true`; API keys and headers never are.
+the per-request ITL percentiles, encodes the lines and writes them: whole lines in one
+`write()` on a file opened for appending, which the kernel never interleaves with another
+process's, so the worker processes of one server share one valid JSONL file. Prompt text is
+written only when `[server] log_prompts = true`; API keys and headers never are.
 
 A line (keys in this order; null when unknown):
 
@@ -144,7 +146,7 @@ class RequestLog:
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = await asyncio.to_thread(self.path.open, "ab")
+        self._file = await asyncio.to_thread(self.path.open, "ab", buffering=0)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="switchyard-request-log")
 
     async def _run(self) -> None:
@@ -165,8 +167,9 @@ class RequestLog:
         with self._write_lock:
             if self._file is None:  # closed meanwhile: the gateway is shutting down
                 return
-            self._file.write(data)
-            self._file.flush()
+            view = memoryview(data)
+            while view:  # a regular file takes it in one write, unless the disk fills up
+                view = view[self._file.write(view):]
 
     async def close(self) -> None:
         task, self._task = self._task, None

@@ -1,33 +1,73 @@
-"""uvicorn's server with the gateway's graceful drain.
+"""uvicorn's server with the gateway's graceful drain, serving one process (`serve`).
 
 On SIGTERM (or SIGINT) uvicorn stops accepting connections and waits for the open ones; the
 gateway (`Gateway.begin_drain`) answers any new request on them with 503, lets requests in
 flight run for `drain_s`, then ends the rest — streams with an error event and `[DONE]`. A
 second signal ends them at once. The process then exits 0: uvicorn would re-raise the signal
 after its shutdown and die by it, which process managers count as a crash.
+
+With `[server] workers` > 1 each worker process runs `serve` on the socket its parent handed
+it (`gateway.workers`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import socket
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 DRAIN_BACKSTOP_S = 5.0  # uvicorn's own graceful timeout is the drain period plus this
 
 
+def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list[socket.socket] | None = None,
+          worker: int | None = None, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve `config` in this process until a signal; bind `host:port` unless given `sockets`.
+    `worker`: this process's number among the server's workers (the `x-switchyard-worker` header);
+    `on_ready` is called once it accepts requests."""
+    from gateway.app import create_app
+    from gateway.auth import Redactor, install_log_redaction
+
+    where = "" if worker is None else f" worker {worker}"
+    logging.basicConfig(level=config.server.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
+    app = create_app(config, worker=worker)
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level=config.server.log_level,
+        access_log=False,
+        proxy_headers=False,  # nothing here reads the client's address: skip X-Forwarded-* parsing per request
+        # a backstop only: the gateway itself ends every request at `drain_s`
+        timeout_graceful_shutdown=drain_s + DRAIN_BACKSTOP_S,
+    )
+    install_log_redaction(Redactor.from_config(config))  # after uvicorn has set up its handlers
+    DrainingServer(uv_config, drain_s, on_ready).run(sockets=sockets)
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, drain_s: float, on_ready: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.drain_s = drain_s
+        self.on_ready = on_ready
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
+        if self.on_ready is not None and self.started:
+            self.on_ready()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig not in (signal.SIGTERM, signal.SIGINT):

@@ -24,7 +24,7 @@ from gateway.auth import Redactor, authorization_of
 from gateway.config import Config, ShadowConfig, resolve_backend_options
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
-from gateway.metrics import ArmMetrics, Metrics
+from gateway.metrics import ArmMetrics, Metrics, observe_all
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.telemetry import Telemetry, build_telemetry
 from gateway.validation import check_capabilities
@@ -374,8 +374,7 @@ class Gateway:
         arm.e2e.observe(timings["e2e"])
         if timings["ttft"] is not None:
             arm.ttft.observe(timings["ttft"])
-        for gap in timings["itl"]:
-            arm.itl.observe(gap)
+        observe_all(arm.itl, timings["itl"])
         if usage is not None:
             arm.prompt.inc(usage.prompt_tokens)
             arm.completion.inc(usage.completion_tokens)

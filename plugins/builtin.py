@@ -1,4 +1,4 @@
-"""The `builtin` backend: Switchyard's own in-process engine (`builtin_engine`).
+"""The `builtin` backend: Switchyard's own engine (`builtin_engine`).
 
     [[backends]]
     name = "local"
@@ -12,13 +12,25 @@ the engine, and turn its per-step outputs into protocol events: `TextDelta`s per
 which frees its sequences and KV blocks before its next step.
 
 Structured outputs (`structured_outputs`, JSON `response_format`) are compiled into a grammar
-(`builtin_engine.structured`, cached) before anything is scheduled, so a bad schema is a 400.
-Tools go to the chat template's `tools` variable; with `tool_choice` "auto" the output is read by
-the `tool_parser` (`builtin_engine.tool_parsers`) into `ToolCallDelta`s and the choice finishes
-with "tool_calls"; "required" and a named function are enforced with a grammar (a list of calls,
-or the named function's arguments; a named call finishes with "stop", as in vLLM).
+(`builtin_engine.structured`, cached, by the engine) before anything is scheduled, so a bad
+schema is a 400. Tools go to the chat template's `tools` variable; with `tool_choice` "auto" the
+output is read by the `tool_parser` (`builtin_engine.tool_parsers`) into `ToolCallDelta`s and the
+choice finishes with "tool_calls"; "required" and a named function are enforced with a grammar
+(a list of calls, or the named function's arguments; a named call finishes with "stop", as in
+vLLM). See `plugins.builtin_tools`.
 
-Nothing heavy is imported here at module level: torch and `builtin_engine` load in `start()`.
+`embed(request)` (/v1/embeddings) pools hidden states through the engine's `Embed` call; see
+`plugins.builtin_embeddings`.
+
+The engine runs in this process, or in an engine process of its own (`engine_process = true`,
+and by default under `[server] workers` > 1, where one engine process serves every worker; see
+`plugins.builtin_launch`): `plugins.engine_supervisor` starts and restarts it and
+`plugins.engine_client` makes the same calls over ZeroMQ. This process keeps the text side
+either way (chat template, tokenizer, tool parsing); the engine side compiles grammars,
+schedules, samples and detokenizes.
+
+Nothing heavy is imported here at module level: torch and `builtin_engine.engine` load in
+`start()`, and only when the engine runs in this process.
 """
 
 from __future__ import annotations
@@ -47,7 +59,6 @@ from plugins.protocol import (
     EmbedRequest,
     EmbedResult,
     Event,
-    Finish,
     ModelInfo,
     Rendered,
     RequestSpec,
@@ -55,21 +66,22 @@ from plugins.protocol import (
     TokenizeRequest,
     TokenizeResult,
     TokenLogprob,
-    ToolCallDelta,
     TopLogprob,
     Usage,
 )
+from plugins.builtin_launch import engine_launch, load_engine, share_engine, start_engine_process
+from plugins.builtin_tools import ToolPlan, finish_of, output_grammar, tool_events
 from plugins.reasoning import ReasoningSplitter, choose_parser
 from plugins.registry import BackendType
 
 if TYPE_CHECKING:
     from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.engine import LLMEngine
-    from builtin_engine.outputs import ChoiceOutput
-    from builtin_engine.sampler import TokenLogprobs
-    from builtin_engine.structured import Grammar, GrammarCompiler, GrammarSpec
+    from builtin_engine.engine_calls import EngineLaunch
+    from builtin_engine.engine_service import EngineService
+    from builtin_engine.outputs import ChoiceOutput, TokenLogprobs
     from builtin_engine.tokenizer import Tokenizer
-    from builtin_engine.tool_parsers import ToolParser
+    from plugins.engine_client import EngineClient
+    from plugins.engine_supervisor import EngineSupervisor
 
 EXTENSIONS = frozenset(
     {
@@ -141,6 +153,15 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "template's text), 'none' (requests with tools are refused).")] = "auto"
     embeddings: Annotated[EmbeddingOptions, _doc("How /v1/embeddings pools the model's hidden states "
                                                  "(see plugins.builtin_embeddings).")] = EmbeddingOptions()
+    engine_process: Annotated[bool | None, _doc(
+        "Run the engine in a process of its own, so that its step thread never shares the gateway's interpreter "
+        "lock; default: only when the server runs several workers ([server] workers), where one engine process "
+        "serves them all. false: in the gateway's process (with several workers, one engine in each).")] = None
+    engine_address: Annotated[str | None, _doc(
+        "Use the engine process already serving at this ZeroMQ address (ipc:// or tcp://) instead of starting "
+        "one; the server sets it for its workers.")] = None
+    engine_start_timeout_s: Annotated[float, _doc("How long start-up waits for the engine process to load and "
+                                                  "answer.", gt=0)] = 600.0
     reasoning_parser: Annotated[Literal["auto", "deepseek_r1", "none"], _doc(
         "How the model's thinking is split from its answer: 'deepseek_r1' (everything up to </think> is "
         "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"
@@ -154,78 +175,75 @@ def served_name(options: BuiltinOptions) -> str:
 
 
 class BuiltinBackend:
-    """A `plugins.protocol.Backend` over one in-process `LLMEngine`."""
+    """A `plugins.protocol.Backend` over the built-in engine, in this process or its own."""
 
     def __init__(self, name: str, options: BuiltinOptions) -> None:
         self.name = name
         self.options = options
         self.served_model_name = served_name(options)
-        self.engine: LLMEngine | None = None
+        self.engine: EngineService | EngineClient | None = None  # the same calls either way
+        self.supervisor: EngineSupervisor | None = None  # the engine process this backend started
         self.tokenizer: Tokenizer | None = None
         self.chat_template: ChatTemplate | None = None  # None: the model has none and no override
         self._chat_template_error: str | None = None
         self._templates: dict[str, ChatTemplate] = {}  # per-request overrides, compiled once
         self._token_text: dict[int, tuple[str, list[int]]] = {}
-        self._grammar_compiler: GrammarCompiler | None = None  # built on the first structured request
         self.matryoshka: frozenset[int] | Literal["any"] | None = None  # the `dimensions` embeddings allow
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.engine is None:
-            await asyncio.to_thread(self._load)
+        if self.engine is not None:
+            return
+        launch = await asyncio.to_thread(self._load_text_side)
+        if not (self.options.engine_process or self.options.engine_address):
+            self.engine = await asyncio.to_thread(load_engine, self.name, launch)
+            return
+        from plugins.engine_client import EngineClient
 
-    def _load(self) -> None:
+        address = self.options.engine_address
+        if address is None:
+            self.supervisor = await asyncio.to_thread(start_engine_process, self.name, launch, self.options)
+            address = self.supervisor.address
+        client = EngineClient(address, name=self.name)
+        try:
+            await client.connect(self.options.engine_start_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        self.engine = client
+
+    def _load_text_side(self) -> EngineLaunch:
+        """The tokenizer and chat template; returns what the engine is built from."""
         from builtin_engine.chat_template import ChatTemplate, ChatTemplateError
-        from builtin_engine.config import EngineConfig
-        from builtin_engine.detokenizer import IncrementalDetokenizer
-        from builtin_engine.engine import LLMEngine
-        from builtin_engine.errors import UnsupportedModelError
-        from builtin_engine.model_store import ModelStoreError, resolve_model
         from builtin_engine.tokenizer import Tokenizer, TokenizerError
 
-        o = self.options
+        launch = engine_launch(self.name, self.options)
         where = f"backend {self.name!r}, [backends.options]"
         try:
-            model_dir = resolve_model(o.model)
-            tokenizer = Tokenizer.from_dir(model_dir)
-            config = EngineConfig(
-                dtype=o.dtype, max_model_len=o.max_model_len, max_num_seqs=o.max_num_seqs,
-                max_num_batched_tokens=o.max_num_batched_tokens, block_size=o.block_size,
-                kv_cache_tokens=o.kv_cache_tokens, max_waiting=o.max_waiting,
-                enable_prefix_caching=o.enable_prefix_caching, num_threads=o.num_threads,
-                logprobs_mode=o.logprobs_mode, matmul_dtype=o.matmul_dtype,
-            )
-            engine = LLMEngine.from_model_dir(
-                model_dir,
-                config=config,
-                eos_token_ids=tokenizer.eos_token_ids,
-                detokenizer_factory=lambda prompt_ids, skip: IncrementalDetokenizer(
-                    tokenizer, skip_special_tokens=skip, prompt_ids=prompt_ids
-                ),
-            )
-        except (ModelStoreError, TokenizerError, UnsupportedModelError) as exc:
+            tokenizer = Tokenizer.from_dir(launch.model_dir)
+        except TokenizerError as exc:
             raise ConfigError(f"{where} model: {exc}") from exc
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
         try:
-            self.chat_template = ChatTemplate.from_dir(model_dir, override=o.chat_template)
+            self.chat_template = ChatTemplate.from_dir(Path(launch.model_dir), override=self.options.chat_template)
         except ChatTemplateError as exc:
-            if o.chat_template is not None:
+            if self.options.chat_template is not None:
                 raise ConfigError(f"{where} chat_template: {exc}") from exc
             self._chat_template_error = str(exc)  # completions still work; chat requests get a 400
         self.tokenizer = tokenizer
-        self.matryoshka = allowed_dimensions(model_dir, o.embeddings)
-        engine.start()
-        self.engine = engine
+        self.matryoshka = allowed_dimensions(Path(launch.model_dir), self.options.embeddings)
+        return launch
 
     async def close(self) -> None:
         engine, self.engine = self.engine, None
+        supervisor, self.supervisor = self.supervisor, None
         if engine is not None:
-            await asyncio.to_thread(engine.shutdown)
+            await engine.close()
+        if supervisor is not None:
+            await asyncio.to_thread(supervisor.close)
 
     async def health(self) -> bool:
-        return self.engine is not None and self.engine.is_alive()
+        return self.engine is not None and await self.engine.health()
 
     # ---- description ----------------------------------------------------------------------------
 
@@ -247,34 +265,45 @@ class BuiltinBackend:
     # ---- generation -----------------------------------------------------------------------------
 
     async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:  # type: ignore[override]
+        from builtin_engine.engine_calls import Generate
+        from builtin_engine.errors import EngineError
+
         engine = self._require_engine(spec.upstream_model)
-        tools = _ToolPlan.of(spec, self._tool_parser_name(spec))
-        grammar = await self._grammar(spec, tools)
-        prompt_ids, prompt_text = self._prompt_ids(spec)
-        params = _engine_params(spec, grammar)
-        reasoning = self._reasoning_splitter(spec, prompt_text)
-        handle = self._submit(engine, spec, prompt_ids, params)
+        tools = ToolPlan.of(spec, self._tool_parser_name(spec))
         try:
+            prompt_ids, prompt_text = self._prompt_ids(spec)
+            call = Generate(request_id=f"{spec.request_id}-{uuid.uuid4().hex[:8]}", prompt_ids=prompt_ids,
+                            sampling=_sampling_fields(spec), grammar=output_grammar(spec, tools), priority=spec.priority)
+        except EngineError as exc:
+            raise _map_engine_error(exc, spec) from exc
+        n, want_logprobs = spec.sampling.n, spec.sampling.logprobs
+        reasoning = self._reasoning_splitter(spec, prompt_text)
+        outputs = engine.generate(call)
+        try:
+            first = await anext(outputs, None)  # errors before scheduling come first, before any event
             if spec.continuous_usage_stats:
                 yield Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
             if spec.echo and spec.kind == "completion":
-                text = spec.prompt if isinstance(spec.prompt, str) else self._decode(prompt_ids, False)
-                for index in range(params.n):
-                    yield TextDelta(text=text, index=index)
+                prompt = spec.prompt if isinstance(spec.prompt, str) else self._decode(prompt_ids, False)
+                for index in range(n):
+                    yield TextDelta(text=prompt, index=index)
             pending: dict[int, list[int]] = {}  # choice -> token ids not yet sent (held-back text)
-            parsers = [tools.new_parser() for _ in range(params.n)] if tools is not None else None
-            async for output in handle:
+            parsers = [tools.new_parser() for _ in range(n)] if tools is not None else None
+            output = first
+            while output is not None:
                 events: list[Event] = []
                 for choice in output.choices:
                     if parsers is not None:
-                        events += self._tool_events(choice, pending, parsers[choice.index], want_logprobs=params.logprobs)
+                        token_ids = pending.setdefault(choice.index, [])
+                        token_ids.extend(choice.token_ids)
+                        logprobs = self._logprobs(choice) if want_logprobs else None
+                        events += tool_events(choice, token_ids, logprobs, parsers[choice.index])
                         continue
-                    event = self._text_event(choice, pending, want_logprobs=params.logprobs)
+                    event = self._text_event(choice, pending, want_logprobs=want_logprobs)
                     if event is not None:
                         events.append(event)
                     if choice.finish_reason is not None:
-                        events.append(Finish(reason=choice.finish_reason, index=choice.index,
-                                             stop_sequence=_stop_string(choice.stop_reason)))
+                        events.append(finish_of(choice, choice.finish_reason))
                 if output.finished or spec.continuous_usage_stats:
                     events.append(Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
                                         cached_tokens=output.num_cached_tokens))
@@ -284,11 +313,11 @@ class BuiltinBackend:
                     else:
                         for piece in reasoning.feed(event):
                             yield piece
-        except _engine_error_types() as exc:
+                output = await anext(outputs, None)
+        except EngineError as exc:
             raise _map_engine_error(exc, spec) from exc
         finally:
-            if not handle.finished:
-                engine.abort(handle.request_id)
+            await outputs.aclose()  # type: ignore[attr-defined]  # aborts the request if it had not finished
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         return await embed_with_engine(self, request)
@@ -301,65 +330,20 @@ class BuiltinBackend:
                                 prompt_text=prompt_text, chat_template_kwargs=spec.chat_template_kwargs)
         return None if factory is None else ReasoningSplitter(factory)
 
-    def _submit(self, engine: LLMEngine, spec: RequestSpec, prompt_ids: list[int], params: Any) -> Any:
-        try:
-            return engine.add_request(
-                prompt_ids, params, priority=spec.priority, request_id=f"{spec.request_id}-{uuid.uuid4().hex[:8]}"
-            )
-        except _engine_error_types() as exc:
-            raise _map_engine_error(exc, spec) from exc
-
     def _text_event(self, choice: ChoiceOutput, pending: dict[int, list[int]], *,
                     want_logprobs: bool) -> TextDelta | None:
         """A TextDelta for the choice's news, or None when its text is held back and no logprobs
         ride (its token ids then go with the next delta)."""
         token_ids = pending.setdefault(choice.index, [])
         token_ids.extend(choice.token_ids)
-        logprobs = [self._logprob(lp) for lp in choice.logprobs] if want_logprobs and choice.logprobs else None
+        logprobs = self._logprobs(choice) if want_logprobs else None
         if not choice.text and not logprobs:
             return None
         pending[choice.index] = []
         return TextDelta(text=choice.text, index=choice.index, token_ids=tuple(token_ids), logprobs=logprobs)
 
-    def _tool_events(self, choice: ChoiceOutput, pending: dict[int, list[int]], parser: ToolParser, *,
-                     want_logprobs: bool) -> list[Event]:
-        """The choice's news read through its tool parser: content as TextDeltas (with the
-        token ids and logprobs), calls as ToolCallDeltas, and its Finish."""
-        from builtin_engine.tool_parsers import ToolCallPiece
-
-        token_ids = pending.setdefault(choice.index, [])
-        token_ids.extend(choice.token_ids)
-        logprobs = [self._logprob(lp) for lp in choice.logprobs] if want_logprobs and choice.logprobs else None
-        pieces = parser.feed(choice.text) if choice.text else []
-        if choice.finish_reason is not None:
-            pieces += parser.finish()
-        events: list[Event] = []
-        content: list[str] = []
-
-        def flush_content() -> None:
-            nonlocal logprobs
-            if content or logprobs:
-                events.append(TextDelta(text="".join(content), index=choice.index, token_ids=tuple(token_ids),
-                                        logprobs=logprobs))
-                content.clear()
-                token_ids.clear()
-                logprobs = None
-
-        for piece in pieces:
-            if isinstance(piece, ToolCallPiece):
-                flush_content()
-                token_ids.clear()  # a call's tokens are no content
-                events.append(ToolCallDelta(tool_index=piece.tool_index, arguments=piece.arguments, id=piece.id,
-                                            name=piece.name, index=choice.index))
-            else:
-                content.append(piece)
-        flush_content()
-        if choice.finish_reason is not None:
-            reason = choice.finish_reason
-            if reason == "stop" and parser.num_calls and parser.calls_finish_as_tool_calls:
-                reason = "tool_calls"
-            events.append(Finish(reason=reason, index=choice.index, stop_sequence=_stop_string(choice.stop_reason)))
-        return events
+    def _logprobs(self, choice: ChoiceOutput) -> list[TokenLogprob] | None:
+        return [self._logprob(lp) for lp in choice.logprobs] if choice.logprobs else None
 
     def _logprob(self, lp: TokenLogprobs) -> TokenLogprob:
         token, data = self._token_repr(lp.token_id)
@@ -394,34 +378,6 @@ class BuiltinBackend:
             except Exception:  # noqa: BLE001 - rendering the prompt reports a bad template
                 template = self.chat_template
         return detect_parser(template.source if template is not None else None)
-
-    async def _grammar(self, spec: RequestSpec, tools: _ToolPlan | None) -> Grammar | None:
-        """The request's compiled grammar (None: unconstrained); compiled off the event loop,
-        once per schema. A schema, regex or grammar that does not compile is a 400."""
-        from builtin_engine.structured import grammar_spec
-
-        try:
-            gspec = tools.grammar_spec() if tools is not None and tools.mode != "auto" else None
-            if gspec is None:
-                gspec = grammar_spec(spec.structured_outputs, spec.response_format)
-            if gspec is None:
-                return None
-            compiler = self._grammar_compiler or await asyncio.to_thread(self._make_grammar_compiler)
-            stops = spec.sampling.stop_token_ids
-            return compiler.cached(gspec, stop_token_ids=stops) or await asyncio.to_thread(
-                compiler.compile, gspec, stop_token_ids=stops)
-        except _engine_error_types() as exc:
-            raise _map_engine_error(exc, spec) from exc
-
-    def _make_grammar_compiler(self) -> GrammarCompiler:
-        from builtin_engine.structured import GrammarCompiler
-
-        if self._grammar_compiler is None:
-            assert self.tokenizer is not None and self.engine is not None
-            self._grammar_compiler = GrammarCompiler(
-                self.tokenizer, vocab_size=self.engine.model_config.vocab_size,
-                stop_token_ids=self.engine.eos_token_ids)
-        return self._grammar_compiler
 
     # ---- prompts --------------------------------------------------------------------------------
 
@@ -515,7 +471,7 @@ class BuiltinBackend:
         assert self.tokenizer is not None
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
-    def _require_engine(self, upstream_model: str) -> LLMEngine:
+    def _require_engine(self, upstream_model: str) -> EngineService | EngineClient:
         if upstream_model != self.served_model_name:
             raise ModelNotFound(upstream_model)
         if self.engine is None:
@@ -523,80 +479,12 @@ class BuiltinBackend:
         return self.engine
 
 
-def _stop_string(stop_reason: str | int | None) -> str | None:
-    """The stop string that ended a choice (a stop token id is none)."""
-    return stop_reason if isinstance(stop_reason, str) else None
+def _sampling_fields(spec: RequestSpec) -> dict[str, Any]:
+    """The request's sampling parameters as the engine takes them (a test checks that the engine
+    knows every protocol field)."""
+    from builtin_engine.engine_calls import SAMPLING_FIELDS
 
-
-def _engine_params(spec: RequestSpec, grammar: Grammar | None = None) -> Any:
-    """The engine's SamplingParams: the same fields, copied one by one (a test checks that the
-    engine knows every protocol field), and the request's grammar."""
-    import dataclasses
-
-    from builtin_engine.sampling_params import SamplingParams
-
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    fields = {k: v for k, v in msgspec.structs.asdict(spec.sampling).items() if k in known}
-    return SamplingParams(**fields, grammar=grammar)
-
-
-class _ToolPlan:
-    """How a chat request with tools is served: "auto" (the model may call; its output is read
-    by the named parser), "required" (a grammar forces a list of calls), or "named" (a grammar
-    forces the arguments of `function`). None when the request has no tools or tool_choice
-    "none" (the tools still reach the template; the output is plain content)."""
-
-    def __init__(self, mode: Literal["auto", "required", "named"], tools: list[dict[str, Any]], *,
-                 parser: str = "hermes", function: str | None = None, parallel: bool = True) -> None:
-        self.mode = mode
-        self.tools = tools
-        self.parser = parser
-        self.function = function
-        self.parallel = parallel
-
-    @classmethod
-    def of(cls, spec: RequestSpec, parser: str) -> _ToolPlan | None:
-        choice = spec.tool_choice
-        if spec.kind != "chat" or not spec.tools or choice == "none":
-            return None
-        parallel = spec.parallel_tool_calls is not False
-        if isinstance(choice, dict):
-            return cls("named", spec.tools, function=(choice.get("function") or {}).get("name"), parallel=parallel)
-        if choice == "required":
-            return cls("required", spec.tools, parallel=parallel)
-        if parser == "none":
-            raise InvalidRequest("This backend reads no tool calls (`tool_parser = \"none\"`).", param="tools")
-        return cls("auto", spec.tools, parser=parser, parallel=parallel)
-
-    def grammar_spec(self) -> GrammarSpec | None:
-        from builtin_engine.structured import json_schema_spec
-        from builtin_engine.tool_parsers import required_calls_schema, tool_parameters
-
-        if self.mode == "named":
-            for i, tool in enumerate(self.tools):
-                if (tool.get("function") or {}).get("name") == self.function:
-                    return json_schema_spec(tool_parameters(tool), param=f"tools[{i}].function.parameters")
-            raise InvalidRequest(f"`tool_choice` names function {self.function!r}, which is not in `tools`.",
-                                 param="tool_choice")
-        if self.mode == "required":
-            return json_schema_spec(required_calls_schema(self.tools, parallel=self.parallel), param="tools")
-        return None
-
-    def new_parser(self) -> ToolParser:
-        from builtin_engine.tool_parsers import NamedCallParser, RequiredCallsParser, make_parser
-
-        if self.mode == "named":
-            assert self.function is not None
-            return NamedCallParser(self.function)
-        if self.mode == "required":
-            return RequiredCallsParser()
-        return make_parser(self.parser)
-
-
-def _engine_error_types() -> tuple[type[BaseException], ...]:
-    from builtin_engine.errors import EngineError
-
-    return (EngineError,)
+    return {k: v for k, v in msgspec.structs.asdict(spec.sampling).items() if k in SAMPLING_FIELDS}
 
 
 def _map_engine_error(exc: BaseException, spec: RequestSpec) -> Exception:
@@ -619,6 +507,7 @@ def switchyard_backend_types() -> list[BackendType]:
             name="builtin",
             options=BuiltinOptions,
             create=BuiltinBackend,
-            description="Switchyard's in-process engine (Llama-family checkpoints on CPU or CUDA).",
+            share=share_engine,
+            description="Switchyard's own engine (Llama-family checkpoints on CPU or CUDA), in process or its own.",
         )
     ]

@@ -1,5 +1,6 @@
 """Embeddings from the built-in engine: each input's pooled hidden states, batched through the
-engine's scheduler with everything else it runs (`builtin_engine.pooling`).
+engine's scheduler with everything else it runs (`builtin_engine.pooling`), by the engine's
+`Embed` call (`builtin_engine.engine_calls`), so in process and in an engine process alike.
 
     [backends.options.embeddings]
     pooling = "last"                 # last | mean | cls
@@ -52,43 +53,34 @@ def allowed_dimensions(model_dir: Path, options: EmbeddingOptions) -> frozenset[
 
 
 async def embed(backend: BuiltinBackend, request: EmbedRequest) -> EmbedResult:
-    """Pool every input; at most a batch's worth of them waits in the engine at once, so a large
-    request never fills its queue. Cancelled (the client left): every request still running is
-    aborted."""
+    """Pool every input with one `Embed` call, in this process or the engine's (the engine keeps
+    at most a batch's worth of them waiting, so a large request never fills its queue).
+    Cancelled (the client left): the call's stream is closed, which aborts what still runs."""
+    from builtin_engine.engine_calls import Embed
     from builtin_engine.errors import EngineError
-    from builtin_engine.pooling import PoolingParams
 
     engine = backend._require_engine(request.upstream_model)
     assert backend.tokenizer is not None
-    params = PoolingParams(method=backend.options.embeddings.pooling, normalize=backend.options.embeddings.normalize,
-                           dimensions=_dimensions(backend, request.dimensions))
+    options = backend.options.embeddings
     prompts = [backend.tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
                for item in request.inputs]
-    window = max(1, min(engine.config.max_num_seqs, engine.config.max_waiting // 2))
-    vectors: list[list[float]] = []
-    handles = []
+    call = Embed(request_id=request.request_id, prompts=prompts, pooling=options.pooling,
+                 normalize=options.normalize, dimensions=_dimensions(backend, request.dimensions))
+    outputs = engine.stream(call)
     try:
-        for start in range(0, len(prompts), window):
-            handles = [engine.add_pooling_request(p, params, request_id=f"{request.request_id}-{start + i}")
-                       for i, p in enumerate(prompts[start : start + window])]
-            for handle in handles:
-                async for output in handle:
-                    if output.embedding is not None:
-                        vectors.append(output.embedding)
+        vectors = [output.embedding async for output in outputs]
     except EngineError as exc:
         raise _map_error(exc) from exc
     finally:
-        for handle in handles:
-            if not handle.finished:
-                engine.abort(handle.request_id)
+        await outputs.aclose()  # type: ignore[attr-defined]
     return EmbedResult(embeddings=vectors, prompt_tokens=sum(len(p) for p in prompts))
 
 
 def _dimensions(backend: BuiltinBackend, asked: int | None) -> int | None:
     if asked is None:
         return None
-    assert backend.engine is not None
-    size = backend.engine.model_config.hidden_size
+    assert backend.engine is not None and backend.engine.info is not None
+    size = backend.engine.info.hidden_size
     allowed = backend.matryoshka
     if asked == size:
         return None

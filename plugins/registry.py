@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from plugins.protocol import Backend
+
+
+class SharedPart(Protocol):
+    """What `BackendType.share` started once for all the worker processes of a server."""
+
+    options: Any  # the options every worker creates the backend with
+
+    def close(self) -> None:
+        """Stop it (blocking), after the workers have stopped."""
 
 
 class BackendType(msgspec.Struct, frozen=True, kw_only=True):
@@ -17,6 +26,11 @@ class BackendType(msgspec.Struct, frozen=True, kw_only=True):
     options: type[msgspec.Struct]
     create: Callable[[str, Any], Backend]
     description: str = ""
+    # For a server with several worker processes: `share(name, options)` starts, once in the
+    # server's parent process before the workers, what they all use (the built-in engine's
+    # process), or returns None when there is nothing to share. Blocking; a bad option raises
+    # `ConfigError`.
+    share: Callable[[str, Any], SharedPart | None] | None = None
 
 
 class Target(msgspec.Struct, frozen=True, kw_only=True):

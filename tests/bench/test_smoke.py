@@ -81,6 +81,16 @@ def test_litellm_pin_is_not_a_compromised_release() -> None:
     assert litellm_env.LITELLM_VERSION.count(".") == 2  # pinned exactly
 
 
+def test_interference_smoke(tmp_path: Path) -> None:
+    report = run_script("interference", tmp_path)
+    assert [r["mode"] for r in report["results"]] == ["in_process", "engine_process"]
+    for result in report["results"]:
+        for cell in (result["idle"], result["busy"]):
+            assert cell["direct"]["errors"] == 0 and cell["switchyard"]["errors"] == 0, cell
+            assert cell["switchyard"]["requests"] > 0
+    assert "engine_process: busy - idle added p50 <= 1 ms" in report["targets"]
+
+
 def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
     import shutil
 

@@ -137,7 +137,7 @@ def test_completion_prompt_echo_and_token_ids(backend: BuiltinBackend) -> None:
 
 
 def test_cancellation_frees_blocks(backend: BuiltinBackend) -> None:
-    engine = backend.engine
+    engine = backend.engine.llm_engine
 
     async def main() -> None:
         stream = backend.generate(spec(sampling=SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)))
@@ -168,7 +168,7 @@ def test_errors_before_scheduling(backend: BuiltinBackend) -> None:
         run(events_of(backend, spec(add_generation_prompt=True, continue_final_message=True)))
     with pytest.raises(ModelNotFound):
         run(events_of(backend, spec(upstream_model="other")))
-    assert backend.engine.num_unfinished_requests == 0
+    assert backend.engine.llm_engine.num_unfinished_requests == 0
 
 
 def test_overloaded_when_the_queue_is_full(tiny_model_dir: Path) -> None:

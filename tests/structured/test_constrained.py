@@ -188,19 +188,19 @@ def test_invalid_inputs_are_400_before_generation(backend: BuiltinBackend) -> No
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strange"}}}],
           "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters", "strange"),
     ]
-    before = backend.engine.num_steps if backend.engine is not None else 0
+    before = backend.engine.llm_engine.num_steps if backend.engine is not None else 0
     for fields, param, words in cases:
         with pytest.raises(InvalidRequest) as info:
             run(collect(backend, chat_spec(**fields)))
         assert info.value.param == param, (fields, info.value.param)
         assert words in info.value.message, (fields, info.value.message)
-    assert backend.engine is not None and backend.engine.num_steps == before  # nothing was scheduled
+    assert backend.engine is not None and backend.engine.llm_engine.num_steps == before  # nothing was scheduled
 
 
 def test_compiled_grammars_are_cached(backend: BuiltinBackend) -> None:
     schema = {"type": "object", "properties": {"cached": {"type": "boolean"}}, "required": ["cached"]}
     run(collect(backend, chat_spec(structured_outputs={"json": schema})))
-    compiler = backend._grammar_compiler
+    compiler = backend.engine.grammar_compiler
     assert compiler is not None
     count = compiler.num_compiled
     for seed in range(3):

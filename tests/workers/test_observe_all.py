@@ -1,0 +1,32 @@
+"""`observe_all` (a request's inter-token gaps in one go) leaves a histogram exactly as one
+`observe` per value does, bucket edges and values past the last bound included."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from gateway.metrics import LATENCY_BUCKETS, observe_all
+
+
+def samples(registry: CollectorRegistry) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in registry.collect() for s in m.samples
+            if not s.name.endswith("_created")}
+
+
+def test_observe_all_equals_one_observe_per_value() -> None:
+    rng = random.Random(0)
+    values = [rng.choice([*LATENCY_BUCKETS, 0.0, 500.0]) if rng.random() < 0.3 else rng.random() * 3 for _ in range(2000)]
+    one, batched = CollectorRegistry(), CollectorRegistry()
+    h_one = Histogram("h", "h", ["arm"], registry=one, buckets=LATENCY_BUCKETS).labels("a")
+    h_batched = Histogram("h", "h", ["arm"], registry=batched, buckets=LATENCY_BUCKETS).labels("a")
+    for value in values:
+        h_one.observe(value)
+    for start in range(0, len(values), 16):  # per request
+        observe_all(h_batched, values[start:start + 16])
+    observe_all(h_batched, [])
+    got, want = samples(batched), samples(one)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
