@@ -1,4 +1,4 @@
-"""`switchyard` command line: serve, check-config, models fetch, ab-report."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report, plugin-check, new-plugin."""
 
 from __future__ import annotations
 
@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
     install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
     install.set_defaults(func=_engines)
+
+    from gateway import plugin_check
+
+    plugin_check.add_parser(sub)
 
     models = sub.add_parser("models", help="manage bundled models")
     models_sub = models.add_subparsers(dest="models_command", required=True)

@@ -1,0 +1,26 @@
+"""Verdicts as text: one line per check, and under a failure its fix and the events it saw."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable
+
+from plugins.testing.registry import Verdict
+
+MARKS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+WIDTH = 15
+
+
+def format_verdict(verdict: Verdict) -> str:
+    lines = [f"{MARKS[verdict.status]}  {verdict.check:<{WIDTH}} {verdict.message}"]
+    if verdict.status == "fail":
+        lines.append(textwrap.indent(f"fix: {verdict.fix}", " " * 6))
+        for seen in verdict.seen:
+            lines.append(textwrap.indent(seen, " " * 6))
+    return "\n".join(lines)
+
+
+def format_summary(verdicts: Iterable[Verdict]) -> str:
+    verdicts = list(verdicts)
+    counts = {status: sum(v.status == status for v in verdicts) for status in MARKS}
+    return f"{len(verdicts)} checks: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
