@@ -178,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
     install.set_defaults(func=_engines)
 
-    from gateway import plugin_check
+    from gateway import new_plugin, plugin_check
 
     plugin_check.add_parser(sub)
+    new_plugin.add_parser(sub)
 
     models = sub.add_parser("models", help="manage bundled models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
