@@ -1,7 +1,7 @@
 """The battery as pytest tests.
 
 Command line: `pytest -p plugins.testing --switchyard-backend=TYPE --switchyard-options='{...}'`
-adds one test per check, `switchyard[<check>]`, against a backend of that type (a failure shows
+adds one test per check, `switchyard::<check>`, against a backend of that type (a failure shows
 its verdict, fix and events).
 
 Fixtures, for an author's own tests: override `switchyard_subject` (module scope; parametrize it
@@ -106,7 +106,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     battery = config.stash[BATTERY_KEY] = SyncBattery(subject)
     config.add_cleanup(battery.shutdown)
-    items.extend(CheckItem.from_parent(session, name=f"switchyard[{name}]", check=name) for name in _selected(config))
+    items.extend(CheckItem.from_parent(session, name=name, nodeid=f"switchyard::{name}", check=name)
+                 for name in _selected(config))
 
 
 # -- the fixture form ------------------------------------------------------------------------------

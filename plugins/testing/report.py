@@ -9,12 +9,14 @@ from plugins.testing.registry import Verdict
 
 MARKS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
 WIDTH = 15
+FIX_WIDTH = 110
 
 
 def format_verdict(verdict: Verdict) -> str:
     lines = [f"{MARKS[verdict.status]}  {verdict.check:<{WIDTH}} {verdict.message}"]
     if verdict.status == "fail":
-        lines.append(textwrap.indent(f"fix: {verdict.fix}", " " * 6))
+        lines.append(textwrap.fill(verdict.fix, FIX_WIDTH, initial_indent=" " * 6 + "fix: ",
+                                   subsequent_indent=" " * 11))
         for seen in verdict.seen:
             lines.append(textwrap.indent(seen, " " * 6))
     return "\n".join(lines)

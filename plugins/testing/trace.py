@@ -23,8 +23,9 @@ class Trace:
     def text(self, index: int = 0) -> str:
         return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)
 
-    def finishes(self, index: int = 0) -> list[str]:
-        return [e.reason for e in self.events if isinstance(e, Finish) and e.index == index]
+    def finish(self, index: int = 0) -> str | None:
+        """The choice's finish reason (its first Finish; how many there are is event_grammar's business)."""
+        return next((e.reason for e in self.events if isinstance(e, Finish) and e.index == index), None)
 
     @property
     def usage(self) -> Usage | None:

@@ -9,4 +9,5 @@ from plugins.testing.checks import (  # noqa: F401 - importing registers
     capabilities,
     errors,
     concurrency,
+    close,
 )

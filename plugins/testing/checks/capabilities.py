@@ -84,7 +84,7 @@ async def _short_answer(probe: Probe) -> tuple[Any, bool]:
 
     trace = await probe.memo("short", send)
     usage = trace.usage
-    return trace, trace.finishes() == ["stop"] and usage.completion_tokens < SHORT_LIMIT
+    return trace, trace.finish() == "stop" and usage.completion_tokens < SHORT_LIMIT
 
 
 async def _min_tokens(probe: Probe) -> str:
@@ -105,9 +105,9 @@ async def _ignore_eos(probe: Probe) -> str:
         return "ignore_eos not observable (the short answer is not short)"
     trace = (await probe.run(probe.chat(SHORT, max_tokens=SHORT_LIMIT, ignore_eos=True),
                              f"chat, ignore_eos, max_tokens={SHORT_LIMIT}")).ok()
-    if trace.finishes() != ["length"]:
+    if trace.finish() != "length":
         raise Failed(f"with ignore_eos the answer should run to max_tokens={SHORT_LIMIT} ('length'); it finished "
-                     f"with {trace.finishes()}", trace, plain)
+                     f"with {trace.finish()!r}", trace, plain)
     return "ignore_eos honoured"
 
 

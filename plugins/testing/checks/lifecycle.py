@@ -1,4 +1,4 @@
-"""lifecycle (first) and close (last)."""
+"""lifecycle: the backend starts, is healthy and lists models it serves."""
 
 from __future__ import annotations
 
@@ -47,20 +47,3 @@ async def lifecycle(probe: Probe) -> str:
         (await probe.run(spec, f"chat to model {model!r}, max_tokens=1")).ok()
     return (f"start() took {opening.start_s:.1f} s; health() True; models(): {', '.join(map(str, ids))}; "
             f"{min(len(ids), MODELS_SERVED)} answered")
-
-
-@check("close", needs_model=False, final=True, fix=(
-    "close() frees everything (engine, connection pools, launched servers) and returns quietly when called "
-    "again; requests still running end first."))
-async def close(probe: Probe) -> str:
-    """close() may be called twice and leaves no request in flight."""
-    probe.closed = True
-    for attempt in ("first", "second"):
-        try:
-            await probe.backend.close()
-        except Exception as exc:  # noqa: BLE001 - the finding
-            raise Failed(f"the {attempt} close() raised {describe_error(exc)}") from None
-    left = probe.in_flight()
-    if left:
-        raise Failed(f"in_flight() reports {left} request(s) after close()")
-    return "close() twice, quietly" + ("" if left is None else "; in_flight() 0")

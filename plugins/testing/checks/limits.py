@@ -15,8 +15,8 @@ CAP = 3
 async def max_tokens(probe: Probe) -> str:
     """A request capped at max_tokens=3 finishes with 'length' after exactly 3 tokens."""
     trace = (await probe.run(probe.chat(STORY, max_tokens=CAP), f"chat, max_tokens={CAP}")).ok()
-    if trace.finishes() != ["length"]:
-        raise Failed(f"finished with {trace.finishes()}; a choice cut by max_tokens finishes with 'length'", trace)
+    if trace.finish() != "length":
+        raise Failed(f"finished with {trace.finish()!r}; a choice cut by max_tokens finishes with 'length'", trace)
     got = trace.usage.completion_tokens  # type: ignore[union-attr]
     if got != CAP:
         raise Failed(f"finished with 'length' but completion_tokens is {got}, not max_tokens={CAP}", trace)
@@ -41,8 +41,8 @@ async def stop_strings(probe: Probe) -> str:
     if got != expected:
         raise Failed(f"with stop {stop!r} the text should be {expected!r} (the reference up to the stop string), "
                      f"got {got!r}", trace, await reference(probe))
-    if trace.finishes() != ["stop"]:
-        raise Failed(f"the stop string ended the text but the choice finished with {trace.finishes()}", trace)
+    if trace.finish() != "stop":
+        raise Failed(f"the stop string ended the text but the choice finished with {trace.finish()!r}", trace)
     return f"stop {stop!r} ends the text at {len(got)} characters, not sent"
 
 
@@ -54,7 +54,7 @@ async def stream_parity(probe: Probe) -> str:
     streamed = await reference(probe)
     plain = (await probe.run(probe.chat(STORY, max_tokens=REFERENCE_TOKENS, stream=False),
                              "chat, temperature 0, not streamed")).ok()
-    if plain.text() != streamed.text() or plain.finishes() != streamed.finishes():
-        raise Failed(f"streamed: {streamed.text()!r} ({streamed.finishes()}); not streamed: {plain.text()!r} "
-                     f"({plain.finishes()})", streamed, plain)
+    if plain.text() != streamed.text() or plain.finish() != streamed.finish():
+        raise Failed(f"streamed: {streamed.text()!r} ({streamed.finish()}); not streamed: {plain.text()!r} "
+                     f"({plain.finish()})", streamed, plain)
     return f"{len(plain.text())} characters, identical"
