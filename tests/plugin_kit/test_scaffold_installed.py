@@ -37,6 +37,11 @@ def test_the_scaffold_installs_passes_plugin_check_and_serves(tmp_path: Path) ->
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count("\nPASS  ") == len(CHECKS)
 
+    (tmp_path / "twice.toml").write_text('[plugins]\nmodules = ["switchyard_shout.plugin"]\n' + CONFIG)
+    named_too = subprocess.run([python, "-m", "gateway.cli", "check-config", "twice.toml"], cwd=tmp_path,
+                               capture_output=True, text=True)
+    assert named_too.returncode == 0, named_too.stderr  # installed and named in [plugins] modules: loaded once
+
     own = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package)], cwd=package,
                          capture_output=True, text=True, timeout=300)
     assert own.returncode == 0, own.stdout + own.stderr
