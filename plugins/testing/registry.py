@@ -52,6 +52,7 @@ class Verdict:
     message: str
     seen: list[str] = field(default_factory=list)  # formatted event sequences behind a failure
     fix: str = ""
+    elapsed_s: float = 0.0
 
     @property
     def passed(self) -> bool:

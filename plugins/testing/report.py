@@ -13,7 +13,7 @@ FIX_WIDTH = 110
 
 
 def format_verdict(verdict: Verdict) -> str:
-    lines = [f"{MARKS[verdict.status]}  {verdict.check:<{WIDTH}} {verdict.message}"]
+    lines = [f"{MARKS[verdict.status]}  {verdict.check:<{WIDTH}} {verdict.message} ({verdict.elapsed_s:.1f} s)"]
     if verdict.status == "fail":
         lines.append(textwrap.fill(verdict.fix, FIX_WIDTH, initial_indent=" " * 6 + "fix: ",
                                    subsequent_indent=" " * 11))

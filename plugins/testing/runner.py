@@ -4,10 +4,11 @@ limit, turns what happened into a `Verdict`, and closes the backend at the end."
 from __future__ import annotations
 
 import asyncio
+import time
 
 from plugins.testing.checks import lifecycle as _registered  # noqa: F401 - importing registers every check
 from plugins.testing.probe import Probe
-from plugins.testing.registry import CHECKS, Failed, Skipped, Verdict, ordered
+from plugins.testing.registry import CHECKS, Check, Failed, Skipped, Verdict, ordered
 from plugins.testing.subject import Subject
 from plugins.testing.trace import describe_error
 
@@ -36,7 +37,13 @@ class Battery:
         await self.probe.open()
 
     async def run(self, name: str) -> Verdict:
-        check = CHECKS[name]
+        began = time.perf_counter()
+        verdict = await self._verdict(CHECKS[name])
+        verdict.elapsed_s = time.perf_counter() - began
+        return verdict
+
+    async def _verdict(self, check: Check) -> Verdict:
+        name = check.name
         await self.open()
         probe = self.probe
         if probe is None:
