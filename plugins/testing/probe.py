@@ -23,6 +23,7 @@ class Opening:
     start_error: BaseException | None = None
     models: list[ModelInfo] | None = None
     models_error: BaseException | None = None
+    healthy: object = None  # what health() returned after start()
 
 
 def in_flight_of(backend: Backend) -> int | None:
@@ -44,7 +45,7 @@ class Probe:
         self._memo: dict[str, Any] = {}
 
     async def open(self) -> None:
-        """start(), then models(); on success `model` names the model every check asks for."""
+        """start(), models(), health(); when they work, `model` names the model every check asks for."""
         began = time.perf_counter()
         try:
             await self.backend.start()
@@ -57,9 +58,13 @@ class Probe:
         except Exception as exc:  # noqa: BLE001 - reported by the lifecycle check
             self.opening.models_error = exc
             return
+        try:
+            self.opening.healthy = await self.backend.health()
+        except Exception as exc:  # noqa: BLE001 - reported by the lifecycle check
+            self.opening.healthy = exc
         infos = self.opening.models
-        chosen = [i for i in infos if i.id == self.wanted_model] if self.wanted_model else infos[:1]
-        if chosen:
+        chosen = [i for i in infos if getattr(i, "id", None) == self.wanted_model] if self.wanted_model else infos[:1]
+        if chosen and self.opening.healthy is True:
             self.info, self.model = chosen[0], chosen[0].id
 
     @property

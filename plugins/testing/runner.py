@@ -50,7 +50,7 @@ class Battery:
             return Verdict(name, "fail", f"creating the backend raised {describe_error(self.create_error)}",  # type: ignore[arg-type]
                            fix=CHECKS["lifecycle"].fix)
         if check.needs_model and not probe.ready:
-            why = "the backend was closed" if probe.closed else "the backend did not start (see lifecycle)"
+            why = "the backend was closed" if probe.closed else "the backend cannot serve (see lifecycle)"
             return Verdict(name, "skip", why)
         timeout = asyncio.timeout(self.check_timeout_s)
         try:

@@ -15,7 +15,7 @@ from plugins.protocol import Finish, ReasoningDelta, TextDelta, ToolCallDelta, U
 from plugins.testing.checks.prompts import STORY
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, Skipped, check
-from plugins.testing.trace import Trace
+from plugins.testing.trace import Trace, describe_error
 
 CLOSE_LIMIT_S = 1.0  # closing a stream must return within this, and in_flight() reach 0 within it
 HANG_S = 10.0  # how long a close that does not return is waited for before it is called hung
@@ -79,11 +79,13 @@ async def _close_mid_stream(probe: Probe, how: Literal["aclose", "cancel"]) -> t
     waiter.cancel()
     if not first.is_set():
         reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        error = (await asyncio.gather(reader, return_exceptions=True))[0]
         await events.aclose()  # type: ignore[attr-defined]
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            trace.error = reader.exception()
-        raise Failed(f"{label}: no token came within {probe.request_timeout_s:g} s", trace)
+        if isinstance(error, Exception):
+            trace.error = error
+            raise Failed(f"{label}: the backend raised {describe_error(error)}", trace)
+        if not any(isinstance(e, (Finish, Usage)) for e in trace.events):
+            raise Failed(f"{label}: no token came within {probe.request_timeout_s:g} s", trace)
     if any(isinstance(e, (Finish, Usage)) for e in trace.events):
         raise Skipped(f"the request finished before it could be closed: {trace.text()!r}")
     began = time.perf_counter()

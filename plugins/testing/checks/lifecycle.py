@@ -33,15 +33,17 @@ async def lifecycle(probe: Probe) -> str:
         raise Failed(f"models() lists ids that are not usable model names: {', '.join(bad)}")
     if len(set(ids)) != len(ids):
         raise Failed(f"models() lists an id twice: {ids}")
+    healthy = opening.healthy
+    if isinstance(healthy, BaseException):
+        raise Failed(f"health() raised {describe_error(healthy)}; it returns False when the backend cannot serve")
+    if healthy is not True:
+        raise Failed(f"health() returned {healthy!r} after start(); True is expected while it can serve")
     if not probe.model:
         raise Failed(f"the model {probe.wanted_model!r} is not among models(): {', '.join(map(str, ids))}")
     if not isinstance(probe.backend.name, str) or not probe.backend.name:
         raise Failed(f"the backend's `name` is {probe.backend.name!r}; it must be its [[backends]] name")
     if not isinstance(probe.caps, Capabilities):
         raise Failed(f"capabilities() returned a {type(probe.caps).__name__}, not a Capabilities")
-    healthy = await probe.backend.health()
-    if healthy is not True:
-        raise Failed(f"health() returned {healthy!r} after start(); True is expected while it can serve")
     for model in [probe.model, *[i for i in ids if i != probe.model]][:MODELS_SERVED]:
         spec = msgspec.structs.replace(probe.chat(SHORT, max_tokens=1), model=model, upstream_model=model)
         (await probe.run(spec, f"chat to model {model!r}, max_tokens=1")).ok()
