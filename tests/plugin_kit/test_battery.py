@@ -40,3 +40,19 @@ def test_each_defect_is_caught_by_its_own_check(toy_plugin: ModuleType, defect: 
     assert words in verdict.message, verdict.message
     assert verdict.fix == CHECKS[check].fix
     assert verdict.seen or check == "cancellation", "a failure shows the events it saw"
+
+
+def test_every_check_is_explained_in_the_readme() -> None:
+    from tests.support.server import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| check | passes when | when it fails |"):]
+    for name in CHECKS:
+        assert f"\n| `{name}` |" in table, f"README's verdict table does not explain the check {name!r}"
+
+
+def test_every_extension_has_a_sample_request() -> None:
+    from plugins.protocol import EXTENSIONS
+    from plugins.testing.checks.capabilities import EXTENSION_SAMPLES
+
+    assert set(EXTENSION_SAMPLES) == EXTENSIONS
