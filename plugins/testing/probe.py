@@ -62,8 +62,8 @@ class Probe:
             self.opening.healthy = await self.backend.health()
         except Exception as exc:  # noqa: BLE001 - reported by the lifecycle check
             self.opening.healthy = exc
-        infos = self.opening.models
-        chosen = [i for i in infos if getattr(i, "id", None) == self.wanted_model] if self.wanted_model else infos[:1]
+        wanted = self.wanted_model
+        chosen = [i for i in self.opening.models if isinstance(i, ModelInfo) and (not wanted or i.id == wanted)]
         if chosen and self.opening.healthy is True:
             self.info, self.model = chosen[0], chosen[0].id
 

@@ -20,6 +20,7 @@ import json
 
 import pytest
 
+from plugins.errors import ConfigError
 from plugins.testing.registry import Verdict, ordered
 from plugins.testing.report import format_verdict
 from plugins.testing.runner import Battery
@@ -70,7 +71,10 @@ class SyncBattery:
 
 
 def _selected(config: pytest.Config) -> list[str]:
-    return [check.name for check in ordered(config.getoption("--switchyard-check") or None)]
+    try:
+        return [check.name for check in ordered(config.getoption("--switchyard-check") or None)]
+    except ConfigError as exc:
+        raise pytest.UsageError(f"--switchyard-check: {exc.message}") from None
 
 
 def subject_from_options(config: pytest.Config) -> Subject | None:
@@ -81,8 +85,11 @@ def subject_from_options(config: pytest.Config) -> Subject | None:
         options = json.loads(config.getoption("--switchyard-options"))
     except ValueError as exc:
         raise pytest.UsageError(f"--switchyard-options is not JSON: {exc}") from None
-    return Subject.of_type(type_name, options, model=config.getoption("--switchyard-model"),
-                           modules=config.getoption("--switchyard-module"))
+    try:
+        return Subject.of_type(type_name, options, model=config.getoption("--switchyard-model"),
+                               modules=config.getoption("--switchyard-module"))
+    except ConfigError as exc:
+        raise pytest.UsageError(f"--switchyard-backend / --switchyard-options: {exc.message}") from None
 
 
 # -- the command-line form: one item per check ---------------------------------------------------

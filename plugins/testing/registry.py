@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from plugins.errors import ConfigError
+
 if TYPE_CHECKING:
     from plugins.testing.probe import Probe
     from plugins.testing.trace import Trace
@@ -78,6 +80,6 @@ def ordered(names: list[str] | None = None) -> list[Check]:
     if names:
         unknown = [n for n in names if n not in CHECKS]
         if unknown:
-            raise KeyError(f"unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
+            raise ConfigError(f"unknown check(s) {', '.join(unknown)} (known: {', '.join(CHECKS)})")
     chosen = [c for c in CHECKS.values() if not names or c.name in names]
     return [c for c in chosen if not c.final] + [c for c in chosen if c.final]
