@@ -5,8 +5,9 @@
 
 plus: a Finish reason is one the protocol knows, "tool_calls" only after a tool call, a tool
 call's first fragment names its id and function, its joined arguments are one JSON value (unless
-max_tokens cut the choice short), and a TextDelta is empty only when it carries logprobs. A new
-event type adds its rule here.
+max_tokens cut the choice short), a TextDelta is empty only when it carries logprobs, and a
+ReasoningDelta only when it carries token ids (reasoning, like text, belongs to its choice and comes
+before that choice's Finish). A new event type adds its rule here.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def grammar_problems(events: list[Event], n: int) -> list[str]:
             problems.append(f"event {position} ({type(event).__name__}) for choice {index} comes after its Finish")
         if isinstance(event, TextDelta) and not event.text and not event.logprobs:
             problems.append(f"event {position} is an empty TextDelta without logprobs")
+        if isinstance(event, ReasoningDelta) and not event.text and not event.token_ids:
+            problems.append(f"event {position} is an empty ReasoningDelta without token ids")
         if isinstance(event, ToolCallDelta):
             calls.setdefault((index, event.tool_index), []).append(event)
     for index in range(n):

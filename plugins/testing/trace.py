@@ -63,8 +63,9 @@ def show_event(event: object) -> str:
     if isinstance(event, Finish):
         return f"Finish[{event.index}] {event.reason}"
     if isinstance(event, Usage):
+        reasoning = "" if event.reasoning_tokens is None else f" reasoning={event.reasoning_tokens}"
         return (f"Usage prompt={event.prompt_tokens} completion={event.completion_tokens} "
-                f"cached={event.cached_tokens}")
+                f"cached={event.cached_tokens}{reasoning}")
     return f"{type(event).__name__} (not a protocol event) {event!r:.120}"
 
 

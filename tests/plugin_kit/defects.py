@@ -105,6 +105,17 @@ class UsageDisagrees(Defective):
             yield event
 
 
+class PhantomReasoning(Defective):
+    """Counts reasoning tokens for reasoning it never sent."""
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        async for event in self.inner.generate(spec):
+            if isinstance(event, Usage):
+                event = Usage(prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                              reasoning_tokens=event.completion_tokens)
+            yield event
+
+
 class CrossedStreams(Defective):
     """Keeps the request in a shared attribute across an await: concurrent requests read the
     latest one's."""
@@ -123,5 +134,6 @@ CAUGHT_BY = {
     IgnoresCancellation: ("cancellation", "keeps generating for a client that left"),
     BareError: ("errors", "builtins.RuntimeError"),
     UsageDisagrees: ("usage", "but tokenize() counts"),
+    PhantomReasoning: ("usage", "but no ReasoningDelta came"),
     CrossedStreams: ("concurrency", "streams crossed"),
 }

@@ -32,6 +32,8 @@ def test_a_well_formed_stream_of_two_choices_with_reasoning_and_a_tool_call() ->
     ([Finish(reason="tool_calls"), USAGE], 1, "made no tool call"),
     ([TextDelta(text="a", index=1), Finish(reason="stop"), USAGE], 1, "asked for n=1"),
     ([TextDelta(text=""), Finish(reason="stop"), USAGE], 1, "empty TextDelta"),
+    ([ReasoningDelta(text=""), Finish(reason="stop"), USAGE], 1, "empty ReasoningDelta"),
+    ([ReasoningDelta(text="why", index=1), Finish(reason="stop"), USAGE], 1, "asked for n=1"),
     ([ToolCallDelta(tool_index=0, arguments="{}"), Finish(reason="tool_calls"), USAGE], 1, "lacks an id"),
     ([ToolCallDelta(tool_index=0, id="c", name="f", arguments="{"), Finish(reason="tool_calls"), USAGE], 1, "not JSON"),
     (["text"], 1, "not a protocol event"),
