@@ -69,6 +69,10 @@ def test_plugin_check_refuses_an_unknown_backend_name(toy_package: Path, tmp_pat
     done = run(["-m", "gateway.cli", "plugin-check", "--backend", "nope"], toy_package, tmp_path)
     assert done.returncode == 2
     assert "no [[backends]] table is named 'nope' (backends: mine)" in done.stderr
+    done = run(["-m", "gateway.cli", "plugin-check", "--backend", "mine", "--check", "usage", "--check", "nope"],
+               toy_package, tmp_path)
+    assert done.returncode == 2 and "unknown check(s) nope (known: lifecycle," in done.stderr, done.stderr
+    assert "plugin-check:" not in done.stdout  # refused before the backend starts
 
 
 def test_pytest_plugin_one_test_per_check(toy_package: Path, broken_package: Path, tmp_path: Path) -> None:
@@ -84,6 +88,11 @@ def test_pytest_plugin_one_test_per_check(toy_package: Path, broken_package: Pat
     assert f"1 failed, {len(CHECKS) - 1} passed" in done.stdout
     assert "FAILED switchyard::event_grammar" in done.stdout
     assert "choice 0 has 2 Finish events" in done.stdout and "Finish[0] stop" in done.stdout
+
+    done = run([*args, "--switchyard-backend=toy", "--switchyard-module=switchyard_toy.plugin",
+                "--switchyard-check=nope"], toy_package, tmp_path)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "--switchyard-check: unknown check(s) nope" in done.stderr
 
 
 def test_new_plugin_command(tmp_path: Path) -> None:
