@@ -101,7 +101,7 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     extensions: frozenset[str] = frozenset()
-    headers: dict[str, str] = {}  # selected client headers (routing keys); never auth headers
+    headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

@@ -79,3 +79,15 @@ def test_engines_compare_smoke(tmp_path: Path) -> None:
 def test_litellm_pin_is_not_a_compromised_release() -> None:
     assert litellm_env.LITELLM_VERSION not in litellm_env.BAD_VERSIONS
     assert litellm_env.LITELLM_VERSION.count(".") == 2  # pinned exactly
+
+
+def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `python -m engines.install redis`")
+    report = run_script("key_limits_overhead", tmp_path)
+    assert set(report["admission"]) == {"memory", "redis"}
+    assert {r["arm"] for r in report["cells"]} == {"off", "memory", "redis"}
+    for row in report["cells"]:
+        assert row["errors"] == 0 and row["requests"] > 0, row
