@@ -32,6 +32,9 @@ from plugins.protocol import (
     EXTENSIONS,
     Backend,
     Capabilities,
+    EmbeddingBackend,
+    EmbedRequest,
+    EmbedResult,
     Event,
     Finish,
     FinishReason,
@@ -69,9 +72,9 @@ def model_dir(name_or_path: str) -> Path:
 
 __all__ = [
     "EXTENSIONS", "PLUGIN_API_VERSION", "AuthenticationFailed", "Backend", "BackendType", "Capabilities",
-    "ConfigError", "ContextLengthExceeded", "Event", "Finish", "FinishReason", "InvalidRequest", "ModelInfo",
-    "ModelNotFound", "NotFound", "Overloaded", "PermissionDenied", "ReasoningDelta", "Rendered", "ReportsInFlight",
-    "RequestSpec", "RequestTooLarge", "Route", "SamplingParams", "SwitchyardError", "Target", "TextDelta",
-    "TokenLogprob", "TokenizeRequest", "TokenizeResult", "ToolCallDelta", "TopLogprob", "UpstreamError", "Usage",
-    "hookimpl", "model_dir",
+    "ConfigError", "EmbedRequest", "EmbedResult", "EmbeddingBackend", "ContextLengthExceeded", "Event", "Finish",
+    "FinishReason", "InvalidRequest", "ModelInfo", "ModelNotFound", "NotFound", "Overloaded", "PermissionDenied",
+    "ReasoningDelta", "Rendered", "ReportsInFlight", "RequestSpec", "RequestTooLarge", "Route", "SamplingParams",
+    "SwitchyardError", "Target", "TextDelta", "TokenLogprob", "TokenizeRequest", "TokenizeResult", "ToolCallDelta",
+    "TopLogprob", "UpstreamError", "Usage", "hookimpl", "model_dir",
 ]
