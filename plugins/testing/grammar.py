@@ -46,6 +46,9 @@ def grammar_problems(events: list[Event], n: int) -> list[str]:
                 cut.add(index)
             if event.reason not in REASONS:
                 problems.append(f"choice {index} finishes with {event.reason!r}, not one of {sorted(REASONS)}")
+            if event.stop_sequence is not None and event.reason != "stop":
+                problems.append(f"choice {index} names stop_sequence {event.stop_sequence!r} but finishes with "
+                                f"{event.reason!r}, not 'stop'")
             if event.reason == "tool_calls" and not any(c for (i, _), c in calls.items() if i == index):
                 problems.append(f"choice {index} finishes with 'tool_calls' but made no tool call")
             continue

@@ -61,7 +61,7 @@ def show_event(event: object) -> str:
         head = f" id={event.id!r} name={event.name!r}" if event.id or event.name else ""
         return f"ToolCallDelta[{event.index}.{event.tool_index}]{head} {event.arguments!r}"
     if isinstance(event, Finish):
-        return f"Finish[{event.index}] {event.reason}"
+        return f"Finish[{event.index}] {event.reason}" + (f" {event.stop_sequence!r}" if event.stop_sequence else "")
     if isinstance(event, Usage):
         reasoning = "" if event.reasoning_tokens is None else f" reasoning={event.reasoning_tokens}"
         return (f"Usage prompt={event.prompt_tokens} completion={event.completion_tokens} "

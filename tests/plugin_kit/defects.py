@@ -4,11 +4,14 @@ its own check and pass everything else."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from plugins.errors import ContextLengthExceeded
-from plugins.protocol import Event, Finish, RequestSpec, Usage
+import msgspec
+
+from plugins.errors import ContextLengthExceeded, InvalidRequest
+from plugins.protocol import Capabilities, EmbedRequest, EmbedResult, Event, Finish, RequestSpec, Usage
 
 
 class Defective:
@@ -127,6 +130,33 @@ class CrossedStreams(Defective):
             yield event
 
 
+class Embeds(Defective):
+    """A correct backend that also serves embeddings: a hashed bag of words per input."""
+
+    WIDTH = 16
+
+    def capabilities(self) -> Capabilities:
+        return msgspec.structs.replace(self.inner.capabilities(), supports_embeddings=True)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        if request.dimensions is not None and request.dimensions > self.WIDTH:
+            raise InvalidRequest(f"dimensions must be at most {self.WIDTH}", param="dimensions")
+        vectors = [self.vector(str(text))[: request.dimensions or self.WIDTH] for text in request.inputs]
+        return EmbedResult(embeddings=vectors, prompt_tokens=sum(len(str(t).split()) for t in request.inputs))
+
+    def vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.WIDTH
+        for word in text.split():
+            vector[hashlib.sha256(word.encode()).digest()[0] % self.WIDTH] += 1.0
+        return vector
+
+
+class EmbedsOutOfOrder(Embeds):
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        result = await super().embed(request)
+        return EmbedResult(embeddings=result.embeddings[::-1], prompt_tokens=result.prompt_tokens)
+
+
 # defect -> (the check that must fail, words its verdict must say)
 CAUGHT_BY = {
     UsageBeforeFinish: ("event_grammar", "must be the last"),
@@ -136,4 +166,5 @@ CAUGHT_BY = {
     UsageDisagrees: ("usage", "but tokenize() counts"),
     PhantomReasoning: ("usage", "but no ReasoningDelta came"),
     CrossedStreams: ("concurrency", "streams crossed"),
+    EmbedsOutOfOrder: ("embeddings", "out of order or crossed"),
 }

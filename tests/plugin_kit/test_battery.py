@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 
 from plugins.testing import CHECKS, Subject, Verdict, run_battery
-from tests.plugin_kit.defects import CAUGHT_BY
+from tests.plugin_kit.defects import CAUGHT_BY, Embeds
 
 
 def toy_subject(toy_plugin: ModuleType, wrap: type | None = None) -> Subject:
@@ -28,6 +28,13 @@ def test_the_toy_backend_passes_every_check(toy_plugin: ModuleType) -> None:
     got = verdicts(toy_subject(toy_plugin))
     assert list(got) == [*[n for n in CHECKS if n != "close"], "close"]
     assert {name: v.status for name, v in got.items()} == dict.fromkeys(got, "pass"), got
+    assert got["embeddings"].message.startswith("supports_embeddings is False")
+
+
+def test_a_toy_that_also_embeds_passes_every_check(toy_plugin: ModuleType) -> None:
+    got = verdicts(toy_subject(toy_plugin, Embeds))
+    assert {name: v.status for name, v in got.items()} == dict.fromkeys(got, "pass"), got
+    assert "16 dims each, batch-independent" in got["embeddings"].message, got["embeddings"].message
 
 
 @pytest.mark.parametrize("defect", list(CAUGHT_BY), ids=lambda d: d.__name__)
@@ -39,7 +46,7 @@ def test_each_defect_is_caught_by_its_own_check(toy_plugin: ModuleType, defect: 
     verdict = failed[check]
     assert words in verdict.message, verdict.message
     assert verdict.fix == CHECKS[check].fix
-    assert verdict.seen or check == "cancellation", "a failure shows the events it saw"
+    assert verdict.seen or check in ("cancellation", "embeddings"), "a failure shows the events it saw"
 
 
 def test_every_check_is_explained_in_the_readme() -> None:

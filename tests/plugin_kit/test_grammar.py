@@ -30,6 +30,7 @@ def test_a_well_formed_stream_of_two_choices_with_reasoning_and_a_tool_call() ->
     ([Finish(reason="stop"), TextDelta(text="late"), USAGE], 1, "TextDelta) for choice 0 comes after its Finish"),
     ([Finish(reason="done"), USAGE], 1, "finishes with 'done'"),  # type: ignore[arg-type]
     ([Finish(reason="tool_calls"), USAGE], 1, "made no tool call"),
+    ([Finish(reason="length", stop_sequence="x"), USAGE], 1, "names stop_sequence 'x' but finishes with 'length'"),
     ([TextDelta(text="a", index=1), Finish(reason="stop"), USAGE], 1, "asked for n=1"),
     ([TextDelta(text=""), Finish(reason="stop"), USAGE], 1, "empty TextDelta"),
     ([ReasoningDelta(text=""), Finish(reason="stop"), USAGE], 1, "empty ReasoningDelta"),

@@ -9,5 +9,6 @@ from plugins.testing.checks import (  # noqa: F401 - importing registers
     capabilities,
     errors,
     concurrency,
+    embeddings,
     close,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plugins.protocol import Finish
 from plugins.testing.checks.prompts import REFERENCE_TOKENS, STORY, pick_stop, reference
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, Skipped, check
@@ -26,7 +27,8 @@ async def max_tokens(probe: Probe) -> str:
 @check("stop_strings", fix=(
     "End a choice at the first occurrence of any spec.sampling.stop string (also across token boundaries), "
     "send the text before it and not the stop string itself (unless include_stop_str_in_output), hold back "
-    "text that may be the start of a stop string, and finish with reason 'stop'."))
+    "text that may be the start of a stop string, and finish with reason 'stop' (naming the string in "
+    "Finish.stop_sequence, or None)."))
 async def stop_strings(probe: Probe) -> str:
     """A stop string ends the text right before it with finish 'stop', and is not sent."""
     text = (await reference(probe)).text()
@@ -43,6 +45,9 @@ async def stop_strings(probe: Probe) -> str:
                      f"got {got!r}", trace, await reference(probe))
     if trace.finish() != "stop":
         raise Failed(f"the stop string ended the text but the choice finished with {trace.finish()!r}", trace)
+    named = next((e.stop_sequence for e in trace.events if isinstance(e, Finish)), None)
+    if named not in (None, stop):
+        raise Failed(f"Finish.stop_sequence is {named!r}, but the stop string that ended the text is {stop!r}", trace)
     return f"stop {stop!r} ends the text at {len(got)} characters, not sent"
 
 
