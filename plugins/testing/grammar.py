@@ -3,11 +3,11 @@
     per choice i in range(n): TextDelta / ReasoningDelta / ToolCallDelta ...  then one Finish(i)
     then exactly one Usage, last
 
-plus: a Finish reason is one the protocol knows, "tool_calls" only after a tool call, a tool
-call's first fragment names its id and function, its joined arguments are one JSON value (unless
-max_tokens cut the choice short), a TextDelta is empty only when it carries logprobs, and a
-ReasoningDelta only when it carries token ids (reasoning, like text, belongs to its choice and comes
-before that choice's Finish). A new event type adds its rule here.
+plus: a Finish reason is one the protocol knows (with a `stop_sequence` only when it is "stop"),
+"tool_calls" only after a tool call, a tool call's first fragment names its id and function, its
+joined arguments are one JSON value (unless max_tokens cut the choice short), a TextDelta is
+empty only when it carries logprobs, and a ReasoningDelta only when it carries token ids
+(reasoning, like text, belongs to its choice and comes before that choice's Finish). A new event type adds its rule here.
 """
 
 from __future__ import annotations

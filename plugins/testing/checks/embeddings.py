@@ -43,8 +43,8 @@ async def embeddings(probe: Probe) -> str:
         raise Failed("two different inputs got the same vector")
     added = sum(result.prompt_tokens for result in alone)
     if both.prompt_tokens != added or min(r.prompt_tokens for r in alone) < 1:
-        raise Failed(f"prompt_tokens for both inputs is {both.prompt_tokens}, but {added} for each alone "
-                     f"({', '.join(str(r.prompt_tokens) for r in alone)})")
+        raise Failed(f"prompt_tokens for both inputs is {both.prompt_tokens}, but the inputs alone count "
+                     f"{' + '.join(str(r.prompt_tokens) for r in alone)} = {added}")
     shorter = await _dimensions(probe, width)
     return f"{len(TEXTS)} inputs: {width} dims each, batch-independent, prompt_tokens {both.prompt_tokens}; {shorter}"
 
