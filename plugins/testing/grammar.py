@@ -7,7 +7,8 @@ plus: a Finish reason is one the protocol knows (with a `stop_sequence` only whe
 "tool_calls" only after a tool call, a tool call's first fragment names its id and function, its
 joined arguments are one JSON value (unless max_tokens cut the choice short), a TextDelta is
 empty only when it carries logprobs, and a ReasoningDelta only when it carries token ids
-(reasoning, like text, belongs to its choice and comes before that choice's Finish). A new event type adds its rule here.
+(reasoning, like text, belongs to its choice and comes before that choice's Finish). A new event
+type adds its rule here.
 """
 
 from __future__ import annotations
