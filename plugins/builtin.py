@@ -227,6 +227,10 @@ class BuiltinBackend:
     async def health(self) -> bool:
         return self.engine is not None and self.engine.is_alive()
 
+    def in_flight(self) -> int:
+        """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""
+        return self.engine.num_unfinished_requests if self.engine is not None else 0
+
     # ---- description ----------------------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:
