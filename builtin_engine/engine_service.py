@@ -122,6 +122,10 @@ class EngineService:
             num_steps=engine.num_steps, abort_latencies=list(engine.abort_latencies),
         )
 
+    def in_flight(self) -> int:
+        """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""
+        return self.llm_engine.num_unfinished_requests
+
     async def health(self) -> bool:
         return self.llm_engine.is_alive()
 

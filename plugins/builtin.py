@@ -245,6 +245,10 @@ class BuiltinBackend:
     async def health(self) -> bool:
         return self.engine is not None and await self.engine.health()
 
+    def in_flight(self) -> int:
+        """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""
+        return self.engine.in_flight() if self.engine is not None else 0
+
     # ---- description ----------------------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:

@@ -141,6 +141,11 @@ class EngineClient:
     async def stats(self) -> EngineStats:
         return await self.call(Stats())
 
+    def in_flight(self) -> int:
+        """This client's streams still open in the engine process (an engine request each, freed
+        there within about a layer's time of its `Abort`); the engine's own count is `stats()`."""
+        return sum(isinstance(pending, asyncio.Queue) for pending in self._calls.values())
+
     async def health(self) -> bool:
         return self.connected and (await self.stats()).alive
 

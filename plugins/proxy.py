@@ -477,6 +477,7 @@ class ProxyBackend:
         self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
         self.launched: Any = None  # an engines.launch.ServerProcess when this backend started its server
         self._launched_url: str | None = None
+        self._open_streams = 0  # upstream responses generate() holds open
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -527,6 +528,11 @@ class ProxyBackend:
         if self.launched is not None:
             server, self.launched = self.launched, None
             await asyncio.to_thread(server.stop)
+
+    def in_flight(self) -> int:
+        """Requests whose upstream response is still open (closing it is how the upstream learns
+        to abort)."""
+        return self._open_streams
 
     def _client(self) -> http1.Pool:
         if self.client is None:
@@ -735,6 +741,7 @@ class ProxyBackend:
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
         deadline = asyncio.get_running_loop().time() + self.options.timeouts.first_byte_s
         response = await self._send(path, _json_encode(body), self.request_headers(spec), deadline)
+        self._open_streams += 1
         try:
             if response.status != 200:
                 raw = await self._read_capped(response, deadline)
@@ -756,7 +763,10 @@ class ProxyBackend:
                     yield event
             yield norm.finish()
         finally:
-            await response.aclose()
+            try:
+                await response.aclose()
+            finally:
+                self._open_streams -= 1
 
     async def _stream_events(self, response: http1.Response, norm: StreamNormalizer,
                              deadline: float) -> AsyncIterator[Event]:
