@@ -40,6 +40,7 @@ from plugins.errors import (
     Overloaded,
     UpstreamError,
 )
+from plugins.fleet.replica import ReplicaStats
 from plugins.protocol import (
     Capabilities,
     Event,
@@ -213,6 +214,26 @@ class BuiltinBackend:
 
     async def health(self) -> bool:
         return self.engine is not None and self.engine.is_alive()
+
+    # ---- load: the scheduler's own state, read directly (always fresh) --------------------------
+
+    def load(self) -> float:
+        """Requests running or waiting in the engine (`least_load` across a route's targets)."""
+        return float(self.engine.num_unfinished_requests) if self.engine is not None else float("inf")
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        """The engine as a fleet of one (replica `local`), for the `switchyard_replica_*` gauges."""
+        engine = self.engine
+        if engine is None:
+            return []
+        running, unfinished = engine.num_running_seqs, engine.num_unfinished_requests
+        blocks = engine.block_manager
+        return [ReplicaStats(
+            backend=self.name, replica="local", draining=False, in_flight=unfinished, circuit=0, healthy=engine.is_alive(),
+            attempts={}, routed={}, load=float(unfinished), stale=False, signal_age_s=0.0, running=float(running),
+            waiting=float(max(0, unfinished - running)), kv_cache_usage=1.0 - blocks.num_free_blocks / blocks.num_blocks,
+            prefix_queried_tokens=None, prefix_hit_tokens=None, cached_blocks=0,
+        )]
 
     # ---- description ----------------------------------------------------------------------------
 
