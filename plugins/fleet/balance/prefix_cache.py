@@ -9,7 +9,8 @@ overloaded; spread prompts that are cached nowhere.
    more than `load_margin` requests; among equal hits the lower load.
 3. Otherwise (a miss, or every hit overloaded) the least-loaded candidate; among equally loaded
    ones the one holding the fewest cached blocks, so distinct prefixes spread over an idle
-   fleet; remaining ties go round the list.
+   fleet (after an overload: first the one holding most of the prefix, so spills gather);
+   remaining ties go round the list.
 4. The chosen candidate's entries take the prompt's blocks at once — before it answers — so
    requests with the same prefix that arrive together follow the first one, and are spread
    only when that replica is overloaded.
@@ -49,7 +50,10 @@ class PrefixCache:
             chosen, reason = max(fresh, key=lambda c: (matches[c.name], -loads[c.name])), "prefix_hit"
         else:
             idle = [c for c in order if loads[c.name] == least]
-            chosen = min(idle, key=lambda c: (-matches[c.name], self.index.num_blocks(c.name)))
+            if hits:  # the prefix's home is overloaded: spill where an earlier spill went, if there
+                chosen = min(idle, key=lambda c: (-matches[c.name], self.index.num_blocks(c.name)))
+            else:
+                chosen = min(idle, key=lambda c: self.index.num_blocks(c.name))
             reason = "prefix_overloaded" if hits else "prefix_miss"
         # the engine's own cache size, when it tells it and `replica_cache_tokens` does not override it
         told = None if self.options.replica_cache_tokens is not None else chosen.cache_tokens()

@@ -21,8 +21,8 @@ from typing import Any
 from plugins.protocol import RequestSpec
 
 # What one (replica, block) entry costs in memory, measured with tracemalloc (an OrderedDict
-# node holding a 64-bit int key, with the dict's slack), rounded up.
-ENTRY_BYTES = 128
+# entry and its linked node, the tables' slack and the 64-bit int key itself: ~225 bytes), rounded up.
+ENTRY_BYTES = 256
 CHARS_PER_TOKEN = 4  # to turn an engine's cache size in tokens into blocks of characters
 
 
