@@ -24,5 +24,7 @@ class LeastLoad(Stateless):
         self._random = random.Random(seed)
 
     def choose(self, spec: RequestSpec, candidates: Sequence[C]) -> Choice[C]:
-        pair = candidates if len(candidates) <= 2 else self._random.sample(list(candidates), 2)
+        if len(candidates) == 1:
+            return Choice(candidates[0], "least_load")
+        pair = self._random.sample(list(candidates), 2)  # in random order: a tie goes either way
         return Choice(min(pair, key=load_key), "least_load")
