@@ -51,9 +51,7 @@ from plugins.errors import (
     SwitchyardError,
     UpstreamError,
 )
-from plugins.fleet.discovery import DISCOVERY, Discovery, StaticDiscovery, check_discovery, normalize_url
 from plugins.fleet.fleet import Fleet
-from plugins.fleet.load_signals import LOAD_SOURCES
 from plugins.fleet.options import (
     BalanceName,
     DiscoveryOptions,
@@ -468,7 +466,8 @@ class ProxyBackend:
         self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
         self.launched: Any = None  # an engines.launch.ServerProcess when this backend started its server
         self._launched_url: str | None = None
-        self.fleet = self._make_fleet(self._discovery())
+        self.fleet = Fleet.from_options(name, options, make_pool=self._make_pool, load_sources=self.load_sources,
+                                        health_path=self.health_path)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -481,46 +480,6 @@ class ProxyBackend:
         """The connection pool of a backend with exactly one replica (None for a fleet)."""
         replicas = list(self.fleet.replicas.values())
         return replicas[0].pool if len(replicas) == 1 else None
-
-    def _discovery(self) -> Discovery:
-        """The replica source the options name; a `ConfigError` names a bad key."""
-        o = self.options
-        given = [key for key, value in (("base_url", o.base_url), ("endpoints", o.endpoints is not None),
-                                        ("discovery", o.discovery is not None),
-                                        ("launch", getattr(o, "launch", None) is not None)) if value]
-        if not given:
-            launch = " or a `launch` table" if "launch" in type(o).__struct_fields__ else ""
-            raise ConfigError(f"backend `{self.name}`: `options.base_url` is required (or `options.endpoints`, "
-                              f"a `discovery` table{launch})")
-        if len(given) > 1:
-            raise ConfigError(f"backend `{self.name}`: set one of `options.base_url`, `options.endpoints`, "
-                              f"`options.discovery` or `options.launch`, not both ({' and '.join(given)} are set)")
-        if o.discovery is not None:
-            problem = check_discovery(o.discovery)
-            if problem:
-                raise ConfigError(f"backend `{self.name}`: {problem} (`options.discovery`)")
-            return DISCOVERY[o.discovery.type](o.discovery)
-        urls = o.endpoints if o.endpoints is not None else [o.base_url] if o.base_url else []
-        if o.endpoints is not None and not o.endpoints:
-            raise ConfigError(f"backend `{self.name}`: `options.endpoints` is empty (list each replica's base URL)")
-        key = "options.endpoints" if o.endpoints is not None else "options.base_url"
-        for i, url in enumerate(urls):
-            try:
-                normalize_url(url)
-            except ValueError as exc:
-                where = f"{key}[{i}]" if o.endpoints is not None else key
-                raise ConfigError(f"backend `{self.name}`: `{where}`: {exc}") from None
-        return StaticDiscovery(urls)
-
-    def _make_fleet(self, discovery: Discovery) -> Fleet:
-        o = self.options
-        source = o.load_signals.source
-        sources = [LOAD_SOURCES[n] for n in self.load_sources] if source == "auto" else (
-            [] if source == "none" else [LOAD_SOURCES[source]])
-        return Fleet(self.name, discovery=discovery, make_pool=self._make_pool, balance=o.balance,
-                     prefix_cache=o.prefix_cache, load_signals=o.load_signals, load_sources=sources,
-                     breaker=o.replica_breaker, replica_attempts=o.replica_attempts, health_path=self.health_path,
-                     health_timeout_s=o.timeouts.health_s)
 
     def _api_key(self) -> str | None:
         if self.options.api_key:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from plugins.errors import ConfigError
 from plugins.fleet.options import DiscoveryOptions
 
 
@@ -179,7 +180,7 @@ class FileDiscovery:
 DISCOVERY: dict[str, Callable[[DiscoveryOptions], Discovery]] = {"dns": DnsDiscovery, "file": FileDiscovery}
 
 
-def check_discovery(options: DiscoveryOptions) -> str | None:
+def _check(options: DiscoveryOptions) -> str | None:
     """What is wrong with a discovery table (the key and why), or None."""
     if options.type == "dns":
         if not options.name:
@@ -189,3 +190,33 @@ def check_discovery(options: DiscoveryOptions) -> str | None:
     if options.type == "file" and not options.path:
         return "`discovery.path` is required for type file"
     return None
+
+
+def discovery_for(backend: str, *, base_url: str, endpoints: list[str] | None, discovery: DiscoveryOptions | None,
+                  launch: bool | None) -> Discovery:
+    """The replica source a backend's options name (`launch`: whether a `launch` table is set;
+    None when the backend type has none). A `ConfigError` names a bad or conflicting key."""
+    given = [key for key, value in (("base_url", bool(base_url)), ("endpoints", endpoints is not None),
+                                    ("discovery", discovery is not None), ("launch", bool(launch))) if value]
+    if not given:
+        also = " or a `launch` table" if launch is not None else ""
+        raise ConfigError(f"backend `{backend}`: `options.base_url` is required (or `options.endpoints`, "
+                          f"a `discovery` table{also})")
+    if len(given) > 1:
+        raise ConfigError(f"backend `{backend}`: set one of `options.base_url`, `options.endpoints`, "
+                          f"`options.discovery` or `options.launch`, not both ({' and '.join(given)} are set)")
+    if discovery is not None:
+        problem = _check(discovery)
+        if problem:
+            raise ConfigError(f"backend `{backend}`: {problem} (`options.discovery`)")
+        return DISCOVERY[discovery.type](discovery)
+    if endpoints is not None and not endpoints:
+        raise ConfigError(f"backend `{backend}`: `options.endpoints` is empty (list each replica's base URL)")
+    urls = endpoints if endpoints is not None else [base_url] if base_url else []
+    for i, url in enumerate(urls):
+        try:
+            normalize_url(url)
+        except ValueError as exc:
+            where = f"options.endpoints[{i}]" if endpoints is not None else "options.base_url"
+            raise ConfigError(f"backend `{backend}`: `{where}`: {exc}") from None
+    return StaticDiscovery(urls)

@@ -15,13 +15,14 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from plugins import http1
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.fleet.balance import make_balancer
 from plugins.fleet.balance.base import Choice
-from plugins.fleet.discovery import Discovery, DiscoveryError, StaticDiscovery
-from plugins.fleet.load_signals import LoadSignalError, LoadSource
+from plugins.fleet.discovery import Discovery, DiscoveryError, StaticDiscovery, discovery_for
+from plugins.fleet.load_signals import LOAD_SOURCES, LoadSignalError, LoadSource
 from plugins.fleet.options import LoadSignalOptions, PrefixCacheOptions, ReplicaBreakerOptions
 from plugins.fleet.replica import Replica, ReplicaStats
 from plugins.health import BreakerState, HealthMonitor
@@ -79,7 +80,7 @@ class Fleet:
         self.make_pool = make_pool
         self.balancer = make_balancer(balance, prefix_cache)
         self.load_signals = load_signals
-        self.load_sources = tuple(load_sources) if load_signals.source != "none" else ()
+        self.load_sources = tuple(load_sources)
         self.replica_attempts = replica_attempts
         self.health_path = health_path
         self.replicas: dict[str, Replica] = {}
@@ -91,6 +92,22 @@ class Fleet:
         self._retiring: set[asyncio.Task[None]] = set()
         if isinstance(discovery, StaticDiscovery):
             self.update(discovery.urls)
+
+    @classmethod
+    def from_options(cls, backend: str, options: Any, *, make_pool: Callable[[str], http1.Pool],
+                     load_sources: Sequence[str], health_path: str) -> Fleet:
+        """The fleet a proxy backend's options (`plugins.proxy.ProxyOptions`) describe;
+        `load_sources` are the backend type's own, used when `load_signals.source` is "auto"."""
+        launch = getattr(options, "launch", None) is not None if "launch" in type(options).__struct_fields__ else None
+        discovery = discovery_for(backend, base_url=options.base_url, endpoints=options.endpoints,
+                                  discovery=options.discovery, launch=launch)
+        source = options.load_signals.source
+        names = load_sources if source == "auto" else () if source == "none" else (source,)
+        return cls(backend, discovery=discovery, make_pool=make_pool, balance=options.balance,
+                   prefix_cache=options.prefix_cache, load_signals=options.load_signals,
+                   load_sources=[LOAD_SOURCES[n] for n in names], breaker=options.replica_breaker,
+                   replica_attempts=options.replica_attempts, health_path=health_path,
+                   health_timeout_s=options.timeouts.health_s)
 
     # -- membership -------------------------------------------------------------------------
 

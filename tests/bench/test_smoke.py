@@ -79,3 +79,15 @@ def test_engines_compare_smoke(tmp_path: Path) -> None:
 def test_litellm_pin_is_not_a_compromised_release() -> None:
     assert litellm_env.LITELLM_VERSION not in litellm_env.BAD_VERSIONS
     assert litellm_env.LITELLM_VERSION.count(".") == 2  # pinned exactly
+
+
+def test_fleet_routing_smoke(tmp_path: Path) -> None:
+    from engines import install
+
+    if not install.llamacpp_installed():
+        pytest.skip("llama.cpp is not installed; run `python -m engines.install llamacpp`")
+    report = run_script("fleet_routing", tmp_path, "--arms", "prefix_cache")
+    (row,) = report["rows"]
+    assert row["arm"] == "prefix_cache" and row["errors"] == 0 and row["requests"] > 0, row
+    assert row["hit_ratio"] is not None and row["router_cpu_s_per_1k"] is not None
+    assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
