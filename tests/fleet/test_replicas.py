@@ -20,7 +20,7 @@ from plugins.health import BreakerState
 from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.protocol import Finish, RequestSpec, Usage
 from tests.fleet.conftest import MODEL, DnsZone, chat, replicas, tenant_prompt
-from tests.support.probes import metric
+from tests.support.probes import metric, wait_until_async
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -37,12 +37,7 @@ async def run(backend: LlamaCppBackend, spec: RequestSpec) -> tuple[list[Any], U
 
 
 async def wait_for(check: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(check())
+    return await wait_until_async(check, timeout)
 
 
 def urls(servers: list[ServerProcess]) -> list[str]:

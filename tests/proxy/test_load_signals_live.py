@@ -4,7 +4,6 @@ scraped by the backend's background loop, shows a request while it runs and none
 from __future__ import annotations
 
 import asyncio
-import time
 
 import msgspec
 import pytest
@@ -14,15 +13,11 @@ from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.protocol import RequestSpec, SamplingParams
 from plugins.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.conftest import MODEL
+from tests.support.probes import wait_until_async
 
 
 async def _until(check, timeout: float = 30.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(check())
+    return await wait_until_async(check, timeout)
 
 
 def test_engine_load_is_scraped_live(engine: str, engine_servers: dict[str, ServerProcess]) -> None:
