@@ -55,6 +55,7 @@ from bench.common import (  # noqa: E402
     ratio,
     spawn,
     tree_cpu_seconds,
+    uptime_line,
     wait_ready,
     write_result,
 )
@@ -369,15 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace: {args.tenants} tenants, {len(trace)} conversations, {sum(len(c.questions) for c in trace)} requests, "
           f"rate {args.rate}/s, system prompts ~{args.system_words} words, --cache-ram {args.cache_ram} MiB", flush=True)
     rows: dict[str, dict] = {}
-    for name in arms:
-        rows[name] = run_arm(name, args, systems, trace)
-    if args.kill:
-        rows["prefix_cache_killed"] = run_arm("prefix_cache", args, systems, trace, kill=True)
     report = {"machine": info, "versions": versions, "config": vars(args) | {"results_dir": str(args.results_dir)},
-              "skipped_arms": skipped, "rows": list(rows.values()), "targets": targets(rows)}
+              "skipped_arms": skipped, "rows": [], "targets": {}}
+    runs = [(name, False) for name in arms] + ([("prefix_cache", True)] if args.kill else [])
+    for name, kill in runs:
+        row = run_arm(name, args, systems, trace, kill=kill)
+        rows[row["arm"]] = row
+        report |= {"rows": list(rows.values()), "targets": targets(rows), "uptime_after": uptime_line()}
+        write_result("fleet_routing", report, results_dir=args.results_dir, smoke=args.smoke)  # after every arm
     for key, value in report["targets"].items():
         print(f"  {key}: {value if not isinstance(value, float) else round(value, 3)}")
-    write_result("fleet_routing", report, results_dir=args.results_dir, smoke=args.smoke)
     return 0
 
 

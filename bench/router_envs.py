@@ -30,6 +30,7 @@ class Router:
     name: str
     version: str
     command: tuple[str, ...]  # relative to the venv's bin/: how to start it
+    quiet: str  # its --log-level for warnings and errors only
 
     @property
     def home(self) -> Path:
@@ -47,7 +48,7 @@ class Router:
     def argv(self, port: int, workers: list[str], policy: str) -> list[str]:
         first, *rest = self.command
         return [str(self.bin / first), *rest, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-                "--policy", policy, "--log-level", "warn"]
+                "--policy", policy, "--log-level", self.quiet]
 
     def install(self) -> None:
         if self.installed():
@@ -59,8 +60,8 @@ class Router:
 
 
 ROUTERS = {
-    "sglang-router": Router("sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router")),
-    "vllm-router": Router("vllm-router", "0.1.17", ("vllm-router",)),
+    "sglang-router": Router("sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "warn"),
+    "vllm-router": Router("vllm-router", "0.1.17", ("vllm-router",), "warning"),
 }
 
 
