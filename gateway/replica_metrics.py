@@ -59,26 +59,17 @@ class ReplicaCollector:
                     attempts.add_metric([*key, outcome], n)
                 for reason, n in s.routed.items():
                     routed.add_metric([*key, reason], n)
-                in_flight.add_metric(key, s.in_flight)
-                draining.add_metric(key, 1 if s.draining else 0)
-                circuit.add_metric(key, s.circuit)
-                if s.healthy is not None:
-                    healthy.add_metric(key, 1 if s.healthy else 0)
-                load.add_metric(key, s.load)
-                stale.add_metric(key, 1 if s.stale else 0)
-                if s.signal_age_s is not None:
-                    age.add_metric(key, s.signal_age_s)
-                if s.running is not None:
-                    engine.add_metric([*key, "running"], s.running)
-                if s.waiting is not None:
-                    engine.add_metric([*key, "waiting"], s.waiting)
-                if s.kv_cache_usage is not None:
-                    kv.add_metric(key, s.kv_cache_usage)
-                if s.prefix_queried_tokens is not None:
-                    prefix.add_metric([*key, "queried"], s.prefix_queried_tokens)
-                if s.prefix_hit_tokens is not None:
-                    prefix.add_metric([*key, "hit"], s.prefix_hit_tokens)
-                blocks.add_metric(key, s.cached_blocks)
+                samples = (
+                    (in_flight, key, s.in_flight), (draining, key, int(s.draining)), (circuit, key, s.circuit),
+                    (healthy, key, None if s.healthy is None else int(s.healthy)), (load, key, s.load),
+                    (stale, key, int(s.stale)), (age, key, s.signal_age_s),
+                    (engine, [*key, "running"], s.running), (engine, [*key, "waiting"], s.waiting),
+                    (kv, key, s.kv_cache_usage), (prefix, [*key, "queried"], s.prefix_queried_tokens),
+                    (prefix, [*key, "hit"], s.prefix_hit_tokens), (blocks, key, s.cached_blocks),
+                )
+                for family, labels, value in samples:  # a value the replica does not report is left out
+                    if value is not None:
+                        family.add_metric(labels, value)
         yield from (attempts, routed, in_flight, draining, circuit, healthy, load, stale, age, engine, kv, prefix, blocks)
 
 

