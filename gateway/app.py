@@ -19,6 +19,7 @@ from gateway.auth import ClientKey, KeyRing
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.http_common import authorize, decode_body, response_headers, serve
+from gateway.keys.usage import keys_usage
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.chat_completions import collect, open_stream
@@ -240,7 +241,7 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
 
     return Litestar(
         route_handlers=[chat_completions, completions, *responses_api.HANDLERS, list_models, get_model, tokenize, detokenize,
-                        render, health, ready, metrics],
+                        render, health, ready, metrics, keys_usage],
         lifespan=[lifespan, responses_api.lifespan(config.responses)],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

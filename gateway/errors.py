@@ -17,6 +17,7 @@ from litestar.exceptions import HTTPException, NotFoundException
 from litestar.exceptions import MethodNotAllowedException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from gateway.keys import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from gateway.limits import DeadlineExceeded, ShuttingDown
 from gateway.schemas import ErrorBody, ErrorResponse
 from plugins import errors as E
@@ -32,6 +33,8 @@ ERROR_TABLE: dict[type[E.SwitchyardError], tuple[int, str]] = {
     E.NotFound: (404, "not_found_error"),
     E.RequestTooLarge: (413, "invalid_request_error"),
     E.Overloaded: (429, "rate_limit_error"),
+    BudgetExhausted: (429, "insufficient_quota"),
+    StateUnavailable: (503, "service_unavailable_error"),
     ShuttingDown: (503, "service_unavailable_error"),
     DeadlineExceeded: (504, "timeout_error"),
     E.ConfigError: (500, "server_error"),
@@ -131,6 +134,8 @@ def _response(error: E.SwitchyardError, request: Request, status: int | None = N
     headers = {"x-request-id": request_id_of(request)}
     if isinstance(error, E.Overloaded) and error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, round(error.retry_after_s)))
+    if isinstance(error, KeyLimitExceeded):
+        headers.update(error.headers)
     if isinstance(error, E.AuthenticationFailed):
         headers["www-authenticate"] = "Bearer"
     if isinstance(error, ShuttingDown):

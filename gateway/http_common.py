@@ -15,6 +15,7 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
+from gateway.accounting import RequestAccounting, open_accounting
 from gateway.auth import ClientKey
 from gateway.errors import from_decode_error
 from gateway.service import Gateway
@@ -62,17 +63,30 @@ async def decode_body(request: Request, struct: type[B]) -> B:
         raise from_decode_error(exc) from None
 
 
-async def serve(request: Request, gateway: Gateway, spec: RequestSpec,
-                open_stream: Callable[[Gateway, RequestSpec], Awaitable[Served]],
-                collect: Callable[[Gateway, RequestSpec], Awaitable[Served]]) -> Response:
-    """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON)."""
+OpenServed = Callable[[Gateway, RequestSpec, RequestAccounting | None], Awaitable[Served]]
+
+
+async def serve(request: Request, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed, collect: OpenServed) -> Response:
+    """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON), under the
+    client key's limits and in the request's trace (`accounting`, passed on to `serving`)."""
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
     spec = gateway.with_routing_keys(spec, request.headers)
-    served = await unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec))
+    key: ClientKey | None = request.state.client_key
+    accounting = await open_accounting(gateway, spec, request.headers, key and key.limits, key and key.name)
+    try:
+        served = await unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec, accounting))
+    except BaseException as exc:
+        if accounting is not None:
+            accounting.finish(exc)  # a failure before serving took the request over (else a no-op)
+        raise
     if served is None:
+        if accounting is not None:
+            accounting.finish(asyncio.CancelledError())
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     headers = response_headers(request, served.backend)
+    if accounting is not None:
+        headers.update(accounting.headers)
     if spec.stream:
         return SSEStream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
     return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)

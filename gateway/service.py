@@ -22,10 +22,12 @@ import pluggy
 
 from gateway.auth import Redactor
 from gateway.config import Config, ShadowConfig, resolve_backend_options
+from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics
 from gateway.replica_metrics import BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
+from gateway.telemetry import Telemetry, build_telemetry
 from gateway.validation import check_capabilities
 from plugins import routing
 from plugins.errors import ConfigError, ModelNotFound, Overloaded, SwitchyardError, UpstreamError
@@ -150,6 +152,8 @@ class Gateway:
     limiters: dict[str, BackendLimiter] = field(init=False, default_factory=dict)  # backends with `max_concurrent`
     redact: Redactor = field(init=False)  # scrubs every known secret from error messages
     draining: bool = field(init=False, default=False)  # SIGTERM came: no new requests
+    key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
+    telemetry: Telemetry | None = field(init=False, default=None)  # None: tracing off
     _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
     _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
@@ -162,6 +166,8 @@ class Gateway:
         self.metrics.registry.register(ReplicaCollector(self.backends))
         server = self.config.server
         self.redact = Redactor.from_config(self.config)
+        self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
+        self.telemetry = build_telemetry(self.config)
         for cfg in self.config.backends:
             if cfg.max_concurrent is not None and cfg.name in self.backends:
                 self.limiters[cfg.name] = BackendLimiter(
@@ -216,6 +222,7 @@ class Gateway:
         self.health.start()
         if self.request_log is not None:
             await self.request_log.start()
+        await self.key_limiter.start()
 
     async def refresh_models(self) -> None:
         """Every backend model not named by a route is served under its own id."""
@@ -241,6 +248,9 @@ class Gateway:
                 log.warning("closing a backend failed: %r", result)
         if self.request_log is not None:
             await self.request_log.close()
+        await self.key_limiter.close()
+        if self.telemetry is not None:
+            await asyncio.to_thread(self.telemetry.shutdown)
 
     def model_card(self, name: str) -> tuple[Route, int | None]:
         route = self.routes.get(name)

@@ -100,7 +100,7 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     extensions: frozenset[str] = frozenset()
-    headers: dict[str, str] = {}  # selected client headers (routing keys); never auth headers
+    headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
     # set by a backend that serves from several replicas: the one this attempt went to (its base
     # URL), for the request log and metrics; None for a backend of one server or process
     replica: str | None = None

@@ -83,6 +83,7 @@ from plugins.sse_parser import SSEParser
 log = logging.getLogger("switchyard.proxy")
 
 MAX_ERROR_BODY = 1 << 20  # bytes of an upstream error body read before giving up on the rest
+TRACE_HEADERS = ("traceparent", "tracestate")  # sent on to the upstream when spec.headers has them
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
@@ -718,7 +719,11 @@ class ProxyBackend:
         return body
 
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
-        return {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
+        headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
+        for name in TRACE_HEADERS:  # W3C trace context the gateway's tracing put there
+            if name in spec.headers:
+                headers[name] = spec.headers[name]
+        return headers
 
     def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """`stream_upstream`, with `<think>` text split out of the content when the options say so."""

@@ -91,3 +91,15 @@ def test_fleet_routing_smoke(tmp_path: Path) -> None:
     assert row["arm"] == "prefix_cache" and row["errors"] == 0 and row["requests"] > 0, row
     assert row["hit_ratio"] is not None and row["router_cpu_s_per_1k"] is not None
     assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
+
+
+def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `python -m engines.install redis`")
+    report = run_script("key_limits_overhead", tmp_path)
+    assert set(report["admission"]) == {"memory", "redis"}
+    assert {r["arm"] for r in report["cells"]} == {"off", "memory", "redis"}
+    for row in report["cells"]:
+        assert row["errors"] == 0 and row["requests"] > 0, row
