@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.keys import NO_RESERVATION, KeyLimits, Reservation
+from gateway.keys import NO_RESERVATION, KeyLimits, Reservation, TokenCost
 from gateway.service import error_label, outcome_of
 from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
@@ -92,16 +92,17 @@ class RequestAccounting:
 
 
 async def open_accounting(gateway: Gateway, spec: RequestSpec, headers: Mapping[str, str], limits: KeyLimits | None,
-                          key_name: str | None = None) -> RequestAccounting | None:
+                          key_name: str | None = None, cost: TokenCost | None = None) -> RequestAccounting | None:
     """Start the request's trace and admit it under its key's limits (429 when over one: the
-    trace records it). None when the key has no limits and tracing is off."""
+    trace records it); `cost` instead of `spec`'s estimate for a request that is no generation
+    (embeddings). None when the key has no limits and tracing is off."""
     telemetry = gateway.telemetry
     if limits is None and telemetry is None:
         return None
     trace = telemetry.start_request(spec, headers, key_name) if telemetry is not None else None
     accounting = RequestAccounting(NO_RESERVATION, trace)
     try:
-        accounting.reservation = await gateway.key_limiter.admit(limits, spec)
+        accounting.reservation = await gateway.key_limiter.admit(limits, spec, cost=cost)
     except BaseException as exc:
         accounting.finish(exc)
         raise

@@ -1,7 +1,8 @@
 """Client API keys and secret hygiene.
 
-- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (`server.api_keys`,
-  `$SWITCHYARD_API_KEYS`, `[[server.keys]]`), each with the routes it may use and its limits. A presented token
+- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (or Anthropic's
+  `x-api-key: <key>`: `authorization_of`) (`server.api_keys`, `$SWITCHYARD_API_KEYS`,
+  `[[server.keys]]`), each with the routes it may use and its limits. A presented token
   is checked against every key in constant time: both sides are SHA-256 digests, so neither a
   key's length nor its content shows in the timing, and the loop never stops early.
 - `Redactor`: every secret the gateway knows — client keys, each backend's upstream `api_key`
@@ -18,6 +19,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gateway.config import Config, ServerConfig
@@ -72,6 +74,14 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token:
             return None
         return found
+
+
+def authorization_of(headers: Any) -> str:
+    """The `Authorization` header, or Anthropic's `x-api-key` as a bearer token."""
+    authorization = headers.get("authorization", "")
+    if not authorization and headers.get("x-api-key"):
+        authorization = "Bearer " + headers["x-api-key"]
+    return authorization
 
 
 class Redactor:

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pluggy
 
-from gateway.auth import Redactor
+from gateway.auth import Redactor, authorization_of
 from gateway.config import Config, ShadowConfig, resolve_backend_options
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
@@ -308,7 +308,7 @@ class Gateway:
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
         copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
-        keys on `api_key`. Credentials themselves are never copied."""
+        keys on `api_key` (or on Anthropic's `x-api-key`). Credentials themselves are never copied."""
         plan = self.plans.get(spec.model)
         if plan is None or not (plan.key_headers or plan.key_api_key):
             return spec
@@ -318,7 +318,7 @@ class Gateway:
             if value:
                 copied[name] = value
         if plan.key_api_key:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
+            scheme, _, token = authorization_of(headers).partition(" ")
             token = token.strip()
             if scheme.lower() == "bearer" and token:
                 copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()

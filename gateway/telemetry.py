@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 TRACES_PATH = "/v1/traces"
-OPERATIONS = {"chat": "chat", "completion": "text_completion"}
+OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
 PROPAGATED = ("traceparent", "tracestate")
 
 
