@@ -1,4 +1,5 @@
-"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage, plugin-check,
+new-plugin."""
 
 from __future__ import annotations
 
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
     install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
     install.set_defaults(func=_engines)
+
+    from gateway import new_plugin, plugin_check
+
+    plugin_check.add_parser(sub)
+    new_plugin.add_parser(sub)
 
     models = sub.add_parser("models", help="manage bundled models")
     models_sub = models.add_subparsers(dest="models_command", required=True)

@@ -248,6 +248,10 @@ class BuiltinBackend:
             prefix_queried_tokens=None, prefix_hit_tokens=None, cached_blocks=0,
         )]
 
+    def in_flight(self) -> int:
+        """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""
+        return self.engine.num_unfinished_requests if self.engine is not None else 0
+
     # ---- description ----------------------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:

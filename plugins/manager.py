@@ -41,7 +41,8 @@ def build_plugin_manager(disable: Iterable[str] = (), modules: Iterable[str] = (
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigError(f"plugin module {module_name!r} (plugins.modules) cannot be imported: {exc}") from None
-        pm.register(module, name=module_name)
+        if not pm.is_registered(module):  # also installed, and loaded through its entry point
+            pm.register(module, name=module_name)
     return pm
 
 

@@ -13,7 +13,8 @@ gateway answers a clear 400 for a backend without it.
 
 A failure is raised as a `plugins.errors.SwitchyardError` from the iterator, before or after the
 first event. Closing the iterator (`aclose()`) cancels the request: a backend frees what the
-request held (sequences, KV blocks, the upstream connection) in its `finally`.
+request held (sequences, KV blocks, the upstream connection) in its `finally`, and a backend
+with an `in_flight()` method (`ReportsInFlight`) counts it no longer.
 """
 
 from __future__ import annotations
@@ -283,6 +284,16 @@ class Backend(Protocol):
         tell raise `InvalidRequest`."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsInFlight(Protocol):
+    """Optional for a backend: `in_flight()` is the number of requests it still holds resources
+    for (engine sequences, open upstream responses, worker tasks), 0 once every `generate()` it
+    began has ended or been closed and freed what it held. Cheap and non-blocking (called on the
+    event loop); the conformance battery's cancellation check reads it."""
+
+    def in_flight(self) -> int: ...
 
 
 @runtime_checkable

@@ -504,6 +504,7 @@ class ProxyBackend:
         self._launched_url: str | None = None
         self.fleet = Fleet.from_options(name, options, make_pool=self._make_pool, load_sources=self.load_sources,
                                         health_path=self.health_path)
+        self._open_streams = 0  # upstream responses generate() holds open
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -565,6 +566,11 @@ class ProxyBackend:
 
     def replica_stats(self) -> list[ReplicaStats]:
         return self.fleet.stats()
+
+    def in_flight(self) -> int:
+        """Requests whose upstream response is still open (closing it is how the upstream learns
+        to abort)."""
+        return self._open_streams
 
     # -- capabilities, catalogue, health -----------------------------------------------------
 
@@ -763,6 +769,7 @@ class ProxyBackend:
         body = self.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
         replica, response, deadline = await self._open(spec, path, _json_encode(body), self.request_headers(spec))
+        self._open_streams += 1
         error: BaseException | None = None
         try:
             norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec,
@@ -785,8 +792,11 @@ class ProxyBackend:
             error = exc
             raise
         finally:
-            await response.aclose()
-            self.fleet.finished(replica, spec, error)
+            try:
+                await response.aclose()
+            finally:
+                self._open_streams -= 1
+                self.fleet.finished(replica, spec, error)
 
     async def _open(self, spec: RequestSpec, path: str, content: bytes,
                     headers: dict[str, str]) -> tuple[Replica, http1.Response, float]:

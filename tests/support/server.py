@@ -24,15 +24,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(config_text: str, tmp_dir: Path, *, env: dict[str, str] | None = None, ready_timeout: float = 120.0) -> Iterator[str]:
-    """Write `config_text` as plugins.toml, serve it, yield the base URL (`http://127.0.0.1:P`)."""
+def running_server(config_text: str, tmp_dir: Path, *, env: dict[str, str] | None = None, ready_timeout: float = 120.0,
+                   python: str | Path = sys.executable) -> Iterator[str]:
+    """Write `config_text` as plugins.toml, serve it (with `python`: another venv's interpreter
+    serves with that venv's plugins), yield the base URL (`http://127.0.0.1:P`)."""
     config = tmp_dir / "plugins.toml"
     config.write_text(config_text)
     port = free_port()
     log = (tmp_dir / f"server-{port}.log").open("wb")
     proc_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), "--drain-seconds", "2"],
+        [str(python), "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), "--drain-seconds", "2"],
         cwd=ROOT,
         env=proc_env,
         stdout=log,

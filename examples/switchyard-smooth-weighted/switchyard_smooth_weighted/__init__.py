@@ -1,0 +1,1 @@
+"""Routing strategy `smooth_weighted` for Switchyard (see plugin.py)."""

@@ -1,0 +1,1 @@
+pytest_plugins = ["switchyard.testing"]  # the conformance battery's fixtures

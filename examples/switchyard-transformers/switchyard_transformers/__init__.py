@@ -1,0 +1,1 @@
+"""Backend type `transformers` for Switchyard (see plugin.py)."""

@@ -1,0 +1,26 @@
+"""The conformance battery: checks any backend plugin against the contract the gateway relies
+on (`plugins.protocol`), with a plain-language verdict per check.
+
+Three ways in:
+- `switchyard plugin-check [CONFIG] --backend NAME` — the backend named in a plugins.toml;
+- `pytest -p plugins.testing --switchyard-backend=TYPE --switchyard-options='{...}'` — one test per check;
+- the `switchyard_battery` / `switchyard_check` fixtures in an author's own tests (override
+  `switchyard_subject` to name the backend).
+
+A check is one small function in `plugins/testing/checks/`, registered with
+`plugins.testing.registry.check`.
+"""
+
+from plugins.testing.registry import CHECKS, Check, Failed, Skipped, Verdict, check
+from plugins.testing.report import format_summary, format_verdict
+from plugins.testing.runner import Battery, run_battery
+from plugins.testing.subject import Subject
+
+# `pytest -p plugins.testing` registers this module; its hooks and fixtures live apart, so that
+# importing the battery does not import pytest
+pytest_plugins = ["plugins.testing.pytest_plugin"]
+
+__all__ = [
+    "CHECKS", "Battery", "Check", "Failed", "Skipped", "Subject", "Verdict", "check", "format_summary",
+    "format_verdict", "run_battery",
+]
