@@ -49,6 +49,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     alive: bool  # the step thread runs
     num_unfinished_requests: int
+    num_running_seqs: int = 0
     num_free_blocks: int
     num_blocks: int
     num_steps: int

@@ -115,9 +115,14 @@ class EngineService:
         return self.info
 
     async def stats(self, call: Stats | None = None) -> EngineStats:
+        return self.snapshot()
+
+    def snapshot(self) -> EngineStats:
+        """The engine's counts now (read directly from its scheduler)."""
         engine = self.llm_engine
         return EngineStats(
             alive=engine.is_alive(), num_unfinished_requests=engine.num_unfinished_requests,
+            num_running_seqs=engine.num_running_seqs,
             num_free_blocks=engine.block_manager.num_free_blocks, num_blocks=engine.block_manager.num_blocks,
             num_steps=engine.num_steps, abort_latencies=list(engine.abort_latencies),
         )

@@ -10,10 +10,13 @@ written only when `[server] log_prompts = true`; API keys and headers never are.
 A line (keys in this order; null when unknown):
 
     {"ts": 1767225600.123, "request_id": "...", "route": "chat", "arm": "vllm", "backend": "vllm",
-     "model": "llama-3-8b", "shadow": false, "kind": "chat", "stream": true, "outcome": "ok",
+     "replica": "http://10.0.0.7:8000", "model": "llama-3-8b", "shadow": false, "kind": "chat", "stream": true, "outcome": "ok",
      "error": null, "ttft": 0.081, "e2e": 1.93, "itl_p50": 0.011, "itl_p95": 0.019, "n_itl": 120,
      "prompt_tokens": 35, "completion_tokens": 121, "cached_tokens": 16,
      "attempts": [{"backend": "vllm", "outcome": "ok"}]}
+
+`replica` (the base URL of the replica that served, or was tried last) is there only for
+backends that serve from several replicas.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     cached_tokens: int | None
     attempts: list[Attempt]
     prompt: Any = None  # messages or prompt, only with log_prompts
+    replica: str | None = None  # the replica of a fleet backend that served (RequestSpec.replica)
 
 
 class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -65,6 +69,7 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
     route: str
     arm: str
     backend: str
+    replica: str | None = None  # left out of the line when None (a backend of one server)
     model: str
     shadow: bool
     kind: str
@@ -98,6 +103,7 @@ def to_line(r: RequestRecord) -> LogLine:
         route=r.route,
         arm=r.arm,
         backend=r.backend,
+        replica=r.replica,
         model=r.model,
         shadow=r.shadow,
         kind=r.kind,

@@ -25,6 +25,7 @@ from gateway.config import Config, ShadowConfig, resolve_backend_options
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics, observe_all
+from gateway.replica_metrics import BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.telemetry import Telemetry, build_telemetry
 from gateway.validation import check_capabilities
@@ -156,10 +157,13 @@ class Gateway:
     _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
     _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
+    _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self._in_flight_view = MappingProxyType(self.in_flight)
+        self._load_view = BackendLoads(self.backends, self.in_flight)
+        self.metrics.registry.register(ReplicaCollector(self.backends))
         server = self.config.server
         self.redact = Redactor.from_config(self.config)
         self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
@@ -333,7 +337,8 @@ class Gateway:
             raise UpstreamError(
                 f"No backend of `{route.name}` is available: every circuit breaker is open.", kind="unavailable", code="no_healthy_backend"
             )
-        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=candidates, in_flight=self._in_flight_view)
+        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=candidates, in_flight=self._in_flight_view,
+                                               load=self._load_view)
         if target is None:
             raise UpstreamError(f"No routing plugin picked a backend for model `{spec.model}`.", kind="unavailable")
         return Resolved(route=route, target=target, backend=self.backends[target.backend])
@@ -410,6 +415,7 @@ class Gateway:
                     cached_tokens=None if usage is None else usage.cached_tokens,
                     attempts=attempts,
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
+                    replica=spec.replica,
                 )
             )
         return outcome, timings

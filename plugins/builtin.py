@@ -54,6 +54,7 @@ from plugins.errors import (
     Overloaded,
     UpstreamError,
 )
+from plugins.fleet.replica import ReplicaStats
 from plugins.protocol import (
     Capabilities,
     EmbedRequest,
@@ -244,6 +245,33 @@ class BuiltinBackend:
 
     async def health(self) -> bool:
         return self.engine is not None and await self.engine.health()
+
+    # ---- load: the scheduler's own state (in process: read directly; in an engine process: as of
+    # the last health probe, and never below this worker's own open calls) ----------------------
+
+    def load(self) -> float:
+        """Requests running or waiting in the engine (`least_load` across a route's targets)."""
+        if self.engine is None:
+            return float("inf")
+        stats = self.engine.snapshot()
+        return float(max(stats.num_unfinished_requests if stats is not None else 0, self.engine.in_flight()))
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        """The engine as a fleet of one (replica `local`), for the `switchyard_replica_*` gauges."""
+        engine = self.engine
+        if engine is None:
+            return []
+        stats = engine.snapshot()
+        unfinished = stats.num_unfinished_requests if stats is not None else engine.in_flight()
+        running = float(stats.num_running_seqs) if stats is not None else None
+        return [ReplicaStats(
+            backend=self.name, replica="local", draining=False, in_flight=unfinished, circuit=0,
+            healthy=stats.alive if stats is not None else None, attempts={}, routed={}, load=float(unfinished),
+            stale=stats is None, signal_age_s=0.0 if stats is not None else None, running=running,
+            waiting=float(max(0, unfinished - running)) if running is not None else None,
+            kv_cache_usage=1.0 - stats.num_free_blocks / stats.num_blocks if stats is not None else None,
+            prefix_queried_tokens=None, prefix_hit_tokens=None, cached_blocks=0,
+        )]
 
     def in_flight(self) -> int:
         """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""

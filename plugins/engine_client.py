@@ -52,6 +52,8 @@ _END = object()  # a stream's queue item after its last output
 
 
 class EngineClient:
+    snapshot_max_age_s = 15.0
+
     def __init__(self, address: str, *, name: str) -> None:
         self.address = address
         self.name = name  # the backend's, for logs
@@ -60,6 +62,7 @@ class EngineClient:
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._calls: dict[int, asyncio.Queue[Any] | asyncio.Future[Any]] = {}
+        self._last_stats: tuple[EngineStats, float] | None = None
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._connected_event: asyncio.Event | None = None
@@ -139,7 +142,17 @@ class EngineClient:
         return await self.call(Describe())
 
     async def stats(self) -> EngineStats:
-        return await self.call(Stats())
+        stats = await self.call(Stats())
+        self._last_stats = (stats, time.monotonic())
+        return stats
+
+    def snapshot(self) -> EngineStats | None:
+        """The engine process's counts as of the last `stats()` (each health probe asks), or
+        None when they are older than `max_age_s`."""
+        if self._last_stats is None:
+            return None
+        stats, at = self._last_stats
+        return stats if time.monotonic() - at <= self.snapshot_max_age_s else None
 
     def in_flight(self) -> int:
         """This client's streams still open in the engine process (an engine request each, freed

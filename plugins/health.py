@@ -118,18 +118,32 @@ class HealthMonitor:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.on_probe = on_probe
-        self.breakers = {
-            name: CircuitBreaker(name, failures=failures, cooldown_s=cooldown_s, clock=clock, on_change=on_change)
-            for name in backends
-        }
+        self._breaker_args = {"failures": failures, "cooldown_s": cooldown_s, "clock": clock, "on_change": on_change}
+        self.breakers: dict[str, CircuitBreaker] = {}
+        for name in backends:
+            self.watch(name)
         self.probed = False  # at least one round has completed
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[bool]] = {}
 
+    def watch(self, name: str) -> None:
+        """Give `name` (now in `backends`) a breaker: for members that come and go (replicas)."""
+        if name not in self.breakers:
+            self.breakers[name] = CircuitBreaker(name, **self._breaker_args)  # type: ignore[arg-type]
+
+    def unwatch(self, name: str) -> None:
+        """Forget `name` (no longer in `backends`), cancelling a probe of it in flight."""
+        self.breakers.pop(name, None)
+        task = self._probes.pop(name, None)
+        if task is not None:
+            task.cancel()
+
     async def probe(self, name: str) -> bool:
         """One probe of one backend; feeds its breaker unless the breaker is open and still
         cooling down (then the probe is not sent at all)."""
-        breaker = self.breakers[name]
+        breaker = self.breakers.get(name)
+        if breaker is None:
+            return False
         if breaker.state is BreakerState.OPEN:
             if not breaker.can_try_half_open():
                 return False
@@ -151,7 +165,7 @@ class HealthMonitor:
         return ok
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(name) for name in self.backends))
+        await asyncio.gather(*(self.probe(name) for name in list(self.backends)))
         self.probed = True
 
     def start(self) -> None:

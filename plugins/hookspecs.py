@@ -40,7 +40,7 @@ def switchyard_route_strategies() -> list[str]:
 
 @hookspec(firstresult=True)
 def switchyard_route(
-    spec: RequestSpec, route: Route, candidates: list[Target], in_flight: Mapping[str, int]
+    spec: RequestSpec, route: Route, candidates: list[Target], in_flight: Mapping[str, int], load: Mapping[str, float]
 ) -> Target | None:
     """Pick the target that serves `spec` on `route`.
 
@@ -50,7 +50,9 @@ def switchyard_route(
     and the route allows more attempts (`max_attempts`; `fallback` routes try every target),
     the gateway calls the hook again for the same request with the targets already tried left
     out. `in_flight` maps each backend name to the requests the gateway has in flight there
-    (read-only; strategies such as `least_busy` use it). `spec.headers` holds the client headers
+    (read-only; strategies such as `least_busy` use it); `load` maps each backend name to the
+    load its engines report (requests running + waiting per replica; the in-flight count for a
+    backend that reports none), read on demand (`least_load`, `prefix_cache`). `spec.headers` holds the client headers
     a route's options name as routing keys (never credentials). The first non-None result
     wins; a strategy plugin returns None for routes whose `strategy` is not its own.
     """

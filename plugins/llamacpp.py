@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 
 from plugins import hookimpl
-from plugins.errors import ConfigError, InvalidRequest
+from plugins.errors import InvalidRequest
 from plugins.protocol import RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.protocol import Rendered
 from plugins.proxy import ProxyBackend, ProxyOptions
@@ -99,15 +99,9 @@ class LlamaCppBackend(ProxyBackend):
     engine = "llama.cpp"
     extensions = LLAMACPP_EXTENSIONS
     max_n = 1
+    load_sources = ("llamacpp_metrics", "llamacpp_slots")  # /metrics needs --metrics, /slots --slots
     honours_dimensions = False
     options: LlamaCppOptions
-
-    def __init__(self, name: str, options: LlamaCppOptions) -> None:
-        if options.launch is not None and options.base_url:
-            raise ConfigError(f"backend `{name}`: set either `options.base_url` or `options.launch`, not both")
-        if options.launch is None and not options.base_url:
-            raise ConfigError(f"backend `{name}`: `options.base_url` is required (or a `launch` table)")
-        super().__init__(name, options)
 
     def supports_tools(self) -> bool:
         return self.options.tools

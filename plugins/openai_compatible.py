@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from plugins import hookimpl
-from plugins.errors import ConfigError
 from plugins.protocol import Capabilities, RequestSpec
 from plugins.proxy import ProxyBackend, ProxyOptions, check_extensions
 from plugins.registry import BackendType
@@ -54,13 +53,11 @@ class OpenAICompatibleBackend(ProxyBackend):
     options: OpenAICompatibleOptions
 
     def __init__(self, name: str, options: OpenAICompatibleOptions) -> None:
-        if not options.base_url:
-            raise ConfigError(f"backend `{name}`: `options.base_url` is required")
-        super().__init__(name, options)
         self.extensions = check_extensions(options.extensions, backend_type="openai_compatible")  # type: ignore[misc]
         self.max_n = options.max_n  # type: ignore[misc]
         self.health_path = options.health_path  # type: ignore[misc]
         self.max_tokens_field = options.max_tokens_field  # type: ignore[misc]
+        super().__init__(name, options)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(

@@ -108,6 +108,9 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     user: str | None = None
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
+    # set by a backend that serves from several replicas: the one this attempt went to (its base
+    # URL), for the request log and metrics; None for a backend of one server or process
+    replica: str | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

@@ -36,9 +36,10 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+from msgspec import Meta
 
 from plugins import http1
 from plugins.errors import (
@@ -51,6 +52,15 @@ from plugins.errors import (
     SwitchyardError,
     UpstreamError,
 )
+from plugins.fleet.fleet import Fleet
+from plugins.fleet.options import (
+    BalanceName,
+    DiscoveryOptions,
+    LoadSignalOptions,
+    PrefixCacheOptions,
+    ReplicaBreakerOptions,
+)
+from plugins.fleet.replica import Replica, ReplicaStats
 from plugins.protocol import (
     EXTENSIONS,
     Capabilities,
@@ -109,6 +119,12 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Options every proxy backend shares (`[backends.options]` in plugins.toml).
 
     - `base_url`: the upstream server, without `/v1` (e.g. "http://127.0.0.1:8001").
+    - `endpoints` (instead of `base_url`): the base URLs of several replicas of one server;
+      `discovery` (instead of both): a `dns` name or a `file` that lists them as they change.
+      `balance` picks a replica per request, `replica_attempts` bounds the replicas one request
+      may try before its first byte, `replica_breaker` is each replica's circuit breaker,
+      `load_signals` the scrape of each engine's load, `prefix_cache` the prefix index
+      (`plugins.fleet`; README "Fronting a fleet").
     - `api_key` / `api_key_env`: sent as `Authorization: Bearer` to this upstream only; prefer
       `api_key_env` (the name of an environment variable) over a key written in the file.
     - `models`: the gateway's model names → the upstream's names. Empty: serve every model the
@@ -119,6 +135,13 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """
 
     base_url: str = ""
+    endpoints: list[str] | None = None
+    discovery: DiscoveryOptions | None = None
+    balance: BalanceName = "prefix_cache"
+    replica_attempts: Annotated[int, Meta(ge=1)] = 3
+    replica_breaker: ReplicaBreakerOptions = ReplicaBreakerOptions()
+    load_signals: LoadSignalOptions = LoadSignalOptions()
+    prefix_cache: PrefixCacheOptions = PrefixCacheOptions()
     api_key: str | None = None
     api_key_env: str | None = None
     models: dict[str, str] = {}
@@ -457,26 +480,30 @@ class StreamNormalizer:
 
 
 class ProxyBackend:
-    """A backend that forwards to an OpenAI-compatible HTTP server. Subclasses set the class
-    attributes and override `translate_chat` / `translate_completion` (the request body),
-    `discover_models`, `tokenize`, `detokenize`, `render` where their server differs."""
+    """A backend that forwards to OpenAI-compatible HTTP servers: one, or a fleet of replicas
+    (`plugins.fleet`). Subclasses set the class attributes and override `translate_chat` /
+    `translate_completion` (the request body), `discover_models`, `tokenize`, `detokenize`,
+    `render` where their server differs; `load_sources` names the engine's own load reports
+    (`plugins.fleet.load_signals`) in the order to try them."""
 
     engine: ClassVar[str] = "openai-compatible"
     extensions: ClassVar[frozenset[str]] = frozenset()
     max_n: ClassVar[int | None] = None
     health_path: ClassVar[str] = "/health"
     max_tokens_field: ClassVar[str] = "max_tokens"
+    load_sources: ClassVar[tuple[str, ...]] = ()
     honours_dimensions: ClassVar[bool] = True  # the upstream's /v1/embeddings takes `dimensions`
 
     def __init__(self, name: str, options: ProxyOptions) -> None:
         self.name = name
         self.options = options
-        self.client: http1.Pool | None = None
         self._max_model_len: int | None = options.max_model_len
         self._model_lens: dict[str, int | None] = {}
         self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
         self.launched: Any = None  # an engines.launch.ServerProcess when this backend started its server
         self._launched_url: str | None = None
+        self.fleet = Fleet.from_options(name, options, make_pool=self._make_pool, load_sources=self.load_sources,
+                                        health_path=self.health_path)
         self._open_streams = 0  # upstream responses generate() holds open
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -485,6 +512,12 @@ class ProxyBackend:
     def base_url(self) -> str:
         return (self._launched_url or self.options.base_url).rstrip("/")
 
+    @property
+    def client(self) -> http1.Pool | None:
+        """The connection pool of a backend with exactly one replica (None for a fleet)."""
+        replicas = list(self.fleet.replicas.values())
+        return replicas[0].pool if len(replicas) == 1 else None
+
     def _api_key(self) -> str | None:
         if self.options.api_key:
             return self.options.api_key
@@ -492,20 +525,18 @@ class ProxyBackend:
             return os.environ.get(self.options.api_key_env) or None
         return None
 
-    def _make_client(self) -> http1.Pool:
-        if not self.base_url:
-            raise ConfigError(f"backend `{self.name}`: `options.base_url` is empty (and no `launch` table)")
+    def _make_pool(self, url: str) -> http1.Pool:
         t, p = self.options.timeouts, self.options.pool
         headers = {"accept-encoding": "identity", "user-agent": "switchyard-proxy", **self.options.headers}
         key = self._api_key()
         if key:
             headers["authorization"] = f"Bearer {key}"
         try:
-            return http1.Pool(self.base_url, headers=headers, max_connections=p.max_connections,
+            return http1.Pool(url, headers=headers, max_connections=p.max_connections,
                               max_idle=p.max_keepalive_connections, idle_expiry_s=p.keepalive_expiry_s,
                               connect_timeout_s=t.connect_s, acquire_timeout_s=p.acquire_timeout_s)
         except ValueError as exc:
-            raise ConfigError(f"backend `{self.name}`: `options.base_url`: {exc}") from None
+            raise ConfigError(f"backend `{self.name}`: replica {url}: {exc}") from None
 
     async def launch(self) -> None:
         """Start the upstream server when the options ask for it (subclasses); set
@@ -514,30 +545,32 @@ class ProxyBackend:
     async def start(self) -> None:
         if self.launched is None:
             await self.launch()
-        if self.client is None:
-            self.client = self._make_client()
+            if self._launched_url:
+                self.fleet.update([self._launched_url])
+        await self.fleet.start()
         try:
             await self.discover_models()
         except SwitchyardError as exc:
             log.warning("backend %s: upstream catalogue not available at start: %s", self.name, exc.message)
 
     async def close(self) -> None:
-        if self.client is not None:
-            client, self.client = self.client, None
-            await client.aclose()
+        await self.fleet.close()
         if self.launched is not None:
             server, self.launched = self.launched, None
             await asyncio.to_thread(server.stop)
+
+    def load(self) -> float:
+        """Requests per routable replica as the engines report them (`least_load` across a
+        route's targets); inf when no replica can take a request."""
+        return self.fleet.load()
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        return self.fleet.stats()
 
     def in_flight(self) -> int:
         """Requests whose upstream response is still open (closing it is how the upstream learns
         to abort)."""
         return self._open_streams
-
-    def _client(self) -> http1.Pool:
-        if self.client is None:
-            self.client = self._make_client()
-        return self.client
 
     # -- capabilities, catalogue, health -----------------------------------------------------
 
@@ -598,26 +631,22 @@ class ProxyBackend:
         return [ModelInfo(id=model, max_model_len=override or mml, owned_by=self.name) for model, mml in lens.items()]
 
     async def health(self) -> bool:
-        deadline = asyncio.get_running_loop().time() + self.options.timeouts.health_s
-        try:
-            response = await self._client().request("GET", self.health_path, deadline=deadline)
-            try:
-                await response.read(MAX_ERROR_BODY, deadline)
-            finally:
-                await response.aclose()
-            ok = response.status == 200
-        except (http1.HTTPError, TimeoutError, OSError):
-            ok = False
+        """Every replica probed (each feeds its own breaker); healthy while one can serve."""
+        ok = await self.fleet.health()
+        if not ok and not self.fleet.replicas and self.fleet.problem:
+            log.warning("backend %s: unhealthy: %s", self.name, self.fleet.problem)
         self.healthy = ok
         return ok
 
     # -- plain JSON requests (catalogue, tokenize) --------------------------------------------
 
     async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None) -> Any:
+        """A side request (catalogue, tokens) to the least loaded replica that can take it."""
         t = self.options.timeouts
+        replica = self.fleet.any_replica()
         deadline = asyncio.get_running_loop().time() + t.first_byte_s
         try:
-            response = await self._client().request(
+            response = await replica.pool.request(
                 method, path, b"" if body is None else _json_encode(body),
                 {"content-type": "application/json"} if body is not None else None, deadline=deadline,
             )
@@ -629,7 +658,7 @@ class ProxyBackend:
             raise UpstreamError(f"Backend `{self.name}` did not answer {method} {path} within {t.first_byte_s:g} s.",
                                 kind="timeout") from None
         except http1.HTTPError as exc:
-            raise self._transport_error(exc) from None
+            raise self._transport_error(exc, replica.url) from None
         if response.status >= 400:
             raise error_from_body(response.status, content[:MAX_ERROR_BODY], backend=self.name, spec=spec)
         try:
@@ -642,16 +671,16 @@ class ProxyBackend:
         body = await self._request_json("GET", path)
         return body if isinstance(body, dict) else {}
 
-    def _transport_error(self, exc: BaseException, *, after_start: bool = False) -> UpstreamError:
+    def _transport_error(self, exc: BaseException, url: str = "", *, after_start: bool = False) -> UpstreamError:
         t = self.options.timeouts
         if isinstance(exc, http1.ConnectTimeout):
-            return UpstreamError(f"Backend `{self.name}` ({self.base_url}) did not accept a connection within "
+            return UpstreamError(f"Backend `{self.name}` ({url}) did not accept a connection within "
                                  f"{t.connect_s:g} s.", kind="timeout")
         if isinstance(exc, http1.PoolTimeout):
             return UpstreamError(f"Backend `{self.name}`: all {self.options.pool.max_connections} connections are busy.",
                                  kind="unavailable")
         if isinstance(exc, http1.ConnectError):
-            return UpstreamError(f"Backend `{self.name}` ({self.base_url}) is unreachable: {exc}", kind="bad_gateway")
+            return UpstreamError(f"Backend `{self.name}` ({url}) is unreachable: {exc}", kind="bad_gateway")
         what = "broke the stream" if after_start else "failed"
         return UpstreamError(f"Backend `{self.name}` {what}: {type(exc).__name__}: {exc}", kind="bad_gateway")
 
@@ -739,13 +768,10 @@ class ProxyBackend:
         the upstream response, which cancels the request upstream."""
         body = self.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
-        deadline = asyncio.get_running_loop().time() + self.options.timeouts.first_byte_s
-        response = await self._send(path, _json_encode(body), self.request_headers(spec), deadline)
+        replica, response, deadline = await self._open(spec, path, _json_encode(body), self.request_headers(spec))
         self._open_streams += 1
+        error: BaseException | None = None
         try:
-            if response.status != 200:
-                raw = await self._read_capped(response, deadline)
-                raise error_from_body(response.status, raw, backend=self.name, spec=spec)
             norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec,
                                     content_calls=self.content_calls(spec))
             ctype = response.headers.get("content-type", "")
@@ -762,11 +788,44 @@ class ProxyBackend:
                 async for event in self._stream_events(response, norm, deadline):
                     yield event
             yield norm.finish()
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             try:
                 await response.aclose()
             finally:
                 self._open_streams -= 1
+                self.fleet.finished(replica, spec, error)
+
+    async def _open(self, spec: RequestSpec, path: str, content: bytes,
+                    headers: dict[str, str]) -> tuple[Replica, http1.Response, float]:
+        """Send the request to the replica the fleet picks and wait for a 200 response head.
+        A failure there that another replica may not share (unreachable, 5xx, 429, no answer in
+        time) is tried on the next replica, up to `replica_attempts`. Sets `spec.replica`."""
+        tried: list[Replica] = []
+        loop = asyncio.get_running_loop()
+        while True:
+            replica = self.fleet.choose(spec, tried)
+            tried.append(replica)
+            spec.replica = replica.url
+            deadline = loop.time() + self.options.timeouts.first_byte_s
+            try:
+                response = await self._send(replica, path, content, headers, deadline)
+                if response.status != 200:
+                    try:
+                        raw = await self._read_capped(response, deadline)
+                    finally:
+                        await response.aclose()
+                    raise error_from_body(response.status, raw, backend=self.name, spec=spec)
+            except BaseException as exc:
+                self.fleet.finished(replica, spec, exc, before_first_byte=True)
+                if isinstance(exc, SwitchyardError) and self.fleet.can_retry(exc, tried):
+                    log.info("backend %s: replica %s failed before the first byte (%s); trying another replica",
+                             self.name, replica.url, exc.message)
+                    continue
+                raise
+            return replica, response, deadline
 
     async def _stream_events(self, response: http1.Response, norm: StreamNormalizer,
                              deadline: float) -> AsyncIterator[Event]:
@@ -784,16 +843,17 @@ class ProxyBackend:
                     await self._drain(response)
                     return
 
-    async def _send(self, path: str, content: bytes, headers: dict[str, str], deadline: float) -> http1.Response:
+    async def _send(self, replica: Replica, path: str, content: bytes, headers: dict[str, str],
+                    deadline: float) -> http1.Response:
         """POST and wait for the response head, under the first-byte deadline."""
         try:
-            response = await self._client().request("POST", path, content, headers, deadline=deadline)
+            response = await replica.pool.request("POST", path, content, headers, deadline=deadline)
         except TimeoutError:
-            raise UpstreamError(f"Backend `{self.name}` sent no response within {self.options.timeouts.first_byte_s:g} s.",
-                                kind="timeout") from None
+            raise UpstreamError(f"Backend `{self.name}` ({replica.url}) sent no response within "
+                                f"{self.options.timeouts.first_byte_s:g} s.", kind="timeout") from None
         except http1.HTTPError as exc:
-            raise self._transport_error(exc) from None
-        log.debug("backend %s: POST %s%s -> %d", self.name, self.base_url, path, response.status)
+            raise self._transport_error(exc, replica.url) from None
+        log.debug("backend %s: POST %s%s -> %d", self.name, replica.url, path, response.status)
         return response
 
     async def _pieces(self, response: http1.Response, deadline: float) -> AsyncIterator[bytes]:

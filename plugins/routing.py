@@ -9,6 +9,11 @@
   `RequestSpec.headers`), `"api_key"` (a hash of the client's API key, which the gateway puts
   under `API_KEY_HASH_HEADER`; never the key). A request with none of them is split by weight.
 - `least_busy`: the target whose backend has the fewest requests in flight per unit of weight.
+- `least_load`: the lower engine-reported load (requests per replica, per unit of weight) of two
+  targets drawn at random (`plugins.fleet.balance.least_load`).
+- `prefix_cache`: the target that was sent the prompt's prefix, unless it is overloaded; else
+  the least loaded (`plugins.fleet.balance.prefix_cache`; `options` are its index's knobs).
+  The same policies pick a replica inside a fleet backend (`balance = "..."`).
 - `fallback`: the first target in the route's order; the gateway calls the hook again without
   the targets that already failed, so a failure before the first token falls through the list.
 
@@ -28,6 +33,8 @@ import msgspec
 
 from plugins import hookimpl
 from plugins.errors import ConfigError
+from plugins.fleet.balance import Balancer, make_balancer
+from plugins.fleet.options import PrefixCacheOptions
 from plugins.protocol import RequestSpec
 from plugins.registry import Route, Target
 
@@ -55,6 +62,8 @@ STRATEGY_OPTIONS: dict[str, type[msgspec.Struct]] = {
     "sticky": StickyOptions,
     "least_busy": NoOptions,
     "fallback": NoOptions,
+    "least_load": NoOptions,
+    "prefix_cache": PrefixCacheOptions,
 }
 
 
@@ -96,8 +105,12 @@ def switchyard_route_strategies() -> list[str]:
 
 
 @hookimpl
-def switchyard_route(spec: RequestSpec, route: Route, candidates: list[Target], in_flight: Mapping[str, int]) -> Target | None:
+def switchyard_route(spec: RequestSpec, route: Route, candidates: list[Target], in_flight: Mapping[str, int],
+                     load: Mapping[str, float]) -> Target | None:
     strategy = route.strategy
+    if strategy in ("least_load", "prefix_cache"):
+        views = [TargetView(t, in_flight, load) for t in candidates]
+        return route_balancer(route).choose(spec, views).candidate.target
     if strategy == "weighted":
         return pick_weighted(candidates)
     if strategy == "sticky":
@@ -178,3 +191,51 @@ def pick_least_busy(candidates: Sequence[Target], in_flight: Mapping[str, int]) 
     if not best:
         return candidates[0]
     return pick_weighted(best)
+
+
+class TargetView:
+    """A route's target as a placement policy sees it (`plugins.fleet.balance.base.Candidate`):
+    its backend's in-flight count and load, the target's weight."""
+
+    __slots__ = ("target", "_in_flight", "_load")
+
+    def __init__(self, target: Target, in_flight: Mapping[str, int], load: Mapping[str, float]) -> None:
+        self.target = target
+        self._in_flight = in_flight
+        self._load = load
+
+    @property
+    def name(self) -> str:
+        return f"{self.target.backend}/{self.target.model}"
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight.get(self.target.backend, 0)
+
+    @property
+    def weight(self) -> float:
+        return self.target.weight
+
+    def load(self) -> float:
+        return self._load.get(self.target.backend, float(self.in_flight))
+
+    def kv_cache_usage(self) -> float:
+        return 0.0
+
+    def cache_tokens(self) -> int | None:
+        return None
+
+
+# The placement policy of each route that uses one (its prefix index, its random source), made on
+# the route's first request. Keyed by the route's name and targets: a route redefined (another
+# gateway in the same process) gets its own.
+_ROUTE_BALANCERS: dict[tuple[str, str, tuple[Target, ...]], Balancer] = {}
+
+
+def route_balancer(route: Route) -> Balancer:
+    key = (route.name, route.strategy, route.targets)
+    balancer = _ROUTE_BALANCERS.get(key)
+    if balancer is None:
+        options = msgspec.convert(route.options, PrefixCacheOptions) if route.strategy == "prefix_cache" else PrefixCacheOptions()
+        balancer = _ROUTE_BALANCERS[key] = make_balancer(route.strategy, options)
+    return balancer

@@ -30,7 +30,6 @@ from typing import Any
 import msgspec
 
 from plugins import hookimpl
-from plugins.errors import ConfigError
 from plugins.protocol import EXTENSIONS, RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.protocol import Rendered
 from plugins.proxy import ProxyBackend, ProxyOptions
@@ -79,14 +78,8 @@ class VLLMBackend(ProxyBackend):
     engine = "vllm"
     extensions = EXTENSIONS
     max_n = None
+    load_sources = ("vllm_metrics",)
     options: VLLMOptions
-
-    def __init__(self, name: str, options: VLLMOptions) -> None:
-        if options.launch is not None and options.base_url:
-            raise ConfigError(f"backend `{name}`: set either `options.base_url` or `options.launch`, not both")
-        if options.launch is None and not options.base_url:
-            raise ConfigError(f"backend `{name}`: `options.base_url` is required (or a `launch` table)")
-        super().__init__(name, options)
 
     def supports_tools(self) -> bool:
         return self.options.tools

