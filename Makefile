@@ -18,7 +18,10 @@ run: setup model
 test: setup model engines
 	$(PY) -m pytest -q
 
+# The engine's hand-written CPU kernels (kernels/csrc) are compiled once per machine, torch and
+# source into ~/.cache/switchyard/kernels; quick when built, skipped without a C++ compiler.
 setup: $(STAMP)
+	$(PY) -m kernels.cpu_ext build
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
