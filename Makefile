@@ -21,7 +21,7 @@ test: setup model engines
 # The engine's hand-written CPU kernels (kernels/csrc) are compiled once per machine, torch and
 # source into ~/.cache/switchyard/kernels; quick when built, skipped without a C++ compiler.
 setup: $(STAMP)
-	$(PY) -m kernels.cpu_ext build
+	$(PY) -m kernels.cpu_build
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -6,7 +6,7 @@ name and signature (each pair lives in one file of this package, beside its kern
 - SWITCHYARD_KERNELS=auto (the default): Triton when the first tensor argument is on a CUDA
   device and triton is installed; on the CPU the hand-written C++ kernel where there is one
   (paged attention and the KV cache write, `*_cpu`, built once per machine by
-  `python -m kernels.cpu_ext build`) and it is built, the torch reference otherwise;
+  `python -m kernels.cpu_build`) and it is built, the torch reference otherwise;
 - SWITCHYARD_KERNELS=triton: always Triton; CPU tensors then run in Triton's interpreter, which
   needs TRITON_INTERPRET=1 set before triton is first imported (tests do this);
 - SWITCHYARD_KERNELS=torch: always the reference.

@@ -9,15 +9,15 @@ import pytest
 import torch
 from kernel_helpers import assert_close, make_paged_kv
 
-from kernels import cpu_ext
+from kernels import cpu_build, cpu_ext
 from kernels.decode_attention import paged_attention_decode_cpu, paged_attention_decode_reference
 from kernels.kv_cache import reshape_and_cache_cpu, reshape_and_cache_reference
 from kernels.prefill_attention import paged_attention_prefill_cpu, paged_attention_prefill_reference
 
 if cpu_ext.ops() is None:
-    if cpu_ext._compiler() is None:
+    if cpu_build._compiler() is None:
         pytest.skip("no C++ compiler: the engine uses the torch references", allow_module_level=True)
-    pytest.fail("the CPU kernels are not built: `make setup` runs `python -m kernels.cpu_ext build`",
+    pytest.fail("the CPU kernels are not built: `make setup` runs `python -m kernels.cpu_build`",
                 pytrace=False)
 
 BLOCK_SIZE = 16
