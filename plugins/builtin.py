@@ -24,6 +24,7 @@ Nothing heavy is imported here at module level: torch and `builtin_engine` load 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -85,6 +86,7 @@ EXTENSIONS = frozenset(
     }
 )
 _TEMPLATE_CACHE_SIZE = 16
+_log = logging.getLogger("switchyard.builtin")
 
 
 def _doc(description: str, **constraints: Any) -> Any:
@@ -102,7 +104,17 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
                                "checkpoint directory of the Llama family.")] = "smollm2-135m-instruct"
     served_model_name: Annotated[str | None, _doc("The name clients and routes use for the model; default: "
                                                   "`model`, or the directory's name when `model` is a path.")] = None
-    dtype: Annotated[Literal["float32", "bfloat16"], _doc("Weights, activations and KV cache precision.")] = "float32"
+    device: Annotated[str, _doc(
+        "Where the engine runs: 'auto' (the first CUDA GPU torch sees, else the CPU), 'cpu', 'cuda' or 'cuda:N'. "
+        "A CUDA device torch does not see is a start-up error.", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
+    dtype: Annotated[Literal["auto", "float32", "bfloat16"], _doc(
+        "Precision of the weights, activations, KV cache and lm_head: 'auto' is bfloat16 on CUDA and float32 on "
+        "the CPU (token-exact against transformers); 'bfloat16' on the CPU is the fast path.")] = "auto"
+    compile: Annotated[bool | None, _doc(
+        "Run the decode step as a prepared graph: on the CPU compiled by torch.compile (inductor; needs a C++ "
+        "compiler; compiled while the backend starts, cached under ~/.cache/switchyard/compile), on CUDA captured "
+        "in CUDA graphs (needs triton). Default: on for bfloat16 on the CPU and on CUDA, off for float32 on the "
+        "CPU.")] = None
     matmul_dtype: Annotated[Literal["float32", "bfloat16"] | None, _doc(
         "Precision of the decoder layers' projection matmuls (q/k/v, o, MLP); default: dtype. 'bfloat16' with "
         "dtype 'float32' stores those matrices in bfloat16 and rounds their inputs and outputs to it, keeping "
@@ -133,6 +145,18 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "How tool calls are read from the model's output under tool_choice 'auto': 'hermes' "
         "(<tool_call>{json}</tool_call>), 'llama3_json' (Llama 3.1 JSON calls), 'auto' (from the chat "
         "template's text), 'none' (requests with tools are refused).")] = "auto"
+
+
+    def __post_init__(self) -> None:
+        """A CUDA device this machine's torch does not see is an error here, so `check-config` and
+        `serve` stop before anything starts (torch is imported only for such a device)."""
+        if self.device.startswith("cuda"):
+            from builtin_engine.device import DeviceError, resolve_device
+
+            try:
+                resolve_device(self.device)
+            except DeviceError as exc:
+                raise ValueError(str(exc)) from None
 
 
 def served_name(options: BuiltinOptions) -> str:
@@ -178,7 +202,7 @@ class BuiltinBackend:
             model_dir = resolve_model(o.model)
             tokenizer = Tokenizer.from_dir(model_dir)
             config = EngineConfig(
-                dtype=o.dtype, max_model_len=o.max_model_len, max_num_seqs=o.max_num_seqs,
+                device=o.device, dtype=o.dtype, compile=o.compile, max_model_len=o.max_model_len, max_num_seqs=o.max_num_seqs,
                 max_num_batched_tokens=o.max_num_batched_tokens, block_size=o.block_size,
                 kv_cache_tokens=o.kv_cache_tokens, max_waiting=o.max_waiting,
                 enable_prefix_caching=o.enable_prefix_caching, num_threads=o.num_threads,
@@ -205,6 +229,7 @@ class BuiltinBackend:
         self.tokenizer = tokenizer
         engine.start()
         self.engine = engine
+        _log.info("backend %r serves %s on %s", self.name, self.served_model_name, engine.placement.describe())
 
     async def close(self) -> None:
         engine, self.engine = self.engine, None
