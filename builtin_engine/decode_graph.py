@@ -24,8 +24,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
+import torch._inductor.config
 
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.scheduler import ScheduledChunk
@@ -100,6 +100,9 @@ class CompiledDecode:
         self.max_batch = max(max_batch, self.min_batch)
         self.inputs = DecodeInputs(max_batch=self.max_batch, max_blocks=max_blocks, block_size=block_size,
                                    pad_block=kv_cache.pad_block, pin=False)
+        # keep every rounding to bfloat16 the eager code does (inductor would otherwise skip
+        # a round trip through bfloat16 inside a fused kernel): compiled and eager steps agree
+        torch._inductor.config.emulate_precision_casts = True
         self._compiled = torch.compile(self._step, fullgraph=True)
         self.failed = False  # a call would have recompiled: eager from then on
 

@@ -54,9 +54,17 @@ def pack(matrix: torch.Tensor) -> PackedMatrix:
 
 
 def linear(x: torch.Tensor, matrix: PackedMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] bfloat16 @ matrix^T (+ bias, added before the one rounding) -> [T, out] bfloat16."""
+    """x [T, in] bfloat16 @ matrix^T (+ bias, added before the one rounding) -> [T, out] bfloat16.
+
+    A row's result does not depend on how many rows come with it: oneDNN's one-row kernel sums in
+    another order than its kernel for two or more rows (a few outputs in a thousand differ in their
+    last bit), so a lone row is multiplied as two. The compiled decode step never has fewer than
+    two rows."""
     if torch.compiler.is_compiling():
         return torch.ops.switchyard.packed_linear(x, matrix.handle, matrix.out_features, bias)
+    if x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), matrix.packed, bias, "none", [],
+                                                  "")[:1]
     return torch.ops.mkldnn._linear_pointwise(x, matrix.packed, bias, "none", [], "")
 
 
