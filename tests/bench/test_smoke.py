@@ -79,3 +79,18 @@ def test_engines_compare_smoke(tmp_path: Path) -> None:
 def test_litellm_pin_is_not_a_compromised_release() -> None:
     assert litellm_env.LITELLM_VERSION not in litellm_env.BAD_VERSIONS
     assert litellm_env.LITELLM_VERSION.count(".") == 2  # pinned exactly
+
+
+def test_gpu_check_smoke(tmp_path: Path) -> None:
+    """bench/gpu_check.py on the CPU: kernels in Triton's interpreter, the tiny model's bfloat16
+    tokens against float32, throughput with the compiled decode step on and off."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["kernels"]["ok"] and report["kernels"]["checks"] > 20
+    assert report["kernels"]["decode_fraction_of_copy"] is not None
+    assert len(report["first_divergence"]) == 8
+    assert {(r["streams"], r["graphs"]) for r in report["throughput"]} == {(s, g) for s in (1, 2, 4) for g in (True, False)}
+    assert all(r["tokens_per_s"] > 0 for r in report["throughput"])
