@@ -61,7 +61,9 @@ def test_memory_smoke(tmp_path: Path) -> None:
 def test_engines_compare_smoke(tmp_path: Path) -> None:
     report = run_script("engines_compare", tmp_path, timeout=600)
     engines = {r["engine"] for r in report["rows"]}
-    assert {"builtin", "hf-serial", "hf-batched"} <= engines, report.get("skipped")
+    assert {"builtin", "builtin-fast", "hf-serial", "hf-batched"} <= engines, report.get("skipped")
+    fast = report["engines"]["builtin-fast"]
+    assert fast["dtype"] == "bfloat16" and fast["start_cold_s"] > 0 and fast["start_warm_s"] > 0
     assert "vllm" in report["skipped"]  # smoke never starts vLLM unless asked
     for row in report["rows"]:
         assert row["tokens_per_s"] > 0 and not row["short_streams"], row
