@@ -1,38 +1,19 @@
-"""Events → bytes: the streamed SSE body and the non-streaming response objects."""
+"""Chat and legacy completions: events → the streamed SSE body and the response objects."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import anyio
 import msgspec
 
 from gateway import schemas as S
-from gateway.errors import error_payload
-from gateway.limits import BackendLimiter, Deadline
-from gateway.metrics import ArmMetrics
-from gateway.request_log import Attempt
-from gateway.service import (
-    EventPump,
-    Gateway,
-    RequestTimer,
-    Resolved,
-    RoutePlan,
-    check_usage,
-    error_label,
-    is_token_event,
-    outcome_of,
-    retry_kind,
-)
+from gateway.service import Gateway
+from gateway.serving import Served, collect_events, open_events, stream_body
 from gateway.sse import DONE, ChunkEncoder, chat_logprobs_json, error_event
-from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
-from plugins.protocol import Event, Finish, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta, Usage
-from plugins.registry import Target
+from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta, Usage
 
 
 def response_id(spec: RequestSpec) -> str:
@@ -40,224 +21,22 @@ def response_id(spec: RequestSpec) -> str:
     return prefix + secrets.token_hex(12)
 
 
-@dataclass
-class Served:
-    """What the app sends: the body (an SSE byte iterator, or the response object) and the
-    backend that served it (`x-switchyard-backend`)."""
-
-    body: Any
-    backend: str
-
-
-@dataclass
-class Observed:
-    """One client request across its attempts: picking targets (fallback), the hooks, the
-    in-flight counts, and — once, at the end — metrics, breaker and request log."""
-
-    gateway: Gateway
-    spec: RequestSpec  # as the client sent it; each attempt gets a copy with its upstream model
-    plan: RoutePlan
-    timer: RequestTimer = field(default_factory=RequestTimer)
-    resolved: Resolved | None = None
-    attempt_spec: RequestSpec | None = None
-    usage: Usage | None = None
-    tried: list[Target] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
-    last_error: BaseException | None = None
-    deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
-    slot: BackendLimiter | None = None  # the backend slot the current attempt holds
-
-    def __post_init__(self) -> None:
-        self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
-
-    def next_attempt(self) -> Resolved | None:
-        """Pick the next target and start an attempt on it (hook, in-flight counts). None when
-        the route has no target left to try; then `last_error` is the answer."""
-        gateway, plan = self.gateway, self.plan
-        while len(self.tried) < plan.max_attempts:
-            resolved = gateway.pick(self.spec, plan, self.tried)
-            if resolved is None:
-                return None
-            spec = msgspec.structs.replace(self.spec, upstream_model=resolved.target.model)
-            self.tried.append(resolved.target)
-            try:
-                check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
-            except SwitchyardError:
-                if len(self.tried) == 1:
-                    raise  # the route's first choice cannot do it: the client's 400
-                gateway.metrics.attempts.labels(plan.route.name, resolved.target.backend, "unsupported").inc()
-                self.attempts.append(Attempt(backend=resolved.target.backend, outcome="unsupported"))
-                continue
-            gateway.pm.hook.switchyard_on_request(spec=spec, backend=resolved.backend)
-            if len(self.tried) == 1:
-                gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
-            self.resolved, self.attempt_spec = resolved, spec
-            backend = resolved.backend.name
-            gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
-            self.arm.in_flight.inc()  # type: ignore[union-attr]
-            return resolved
-        return None
-
-    @property
-    def arm(self) -> ArmMetrics:
-        assert self.resolved is not None
-        return self.gateway.metrics.arm(self.plan.route.name, self.resolved.backend.name)
-
-    async def admit(self) -> None:
-        """Wait for a slot on the attempt's backend when it has `max_concurrent` (429 when its
-        queue is full)."""
-        limiter = self.gateway.limiters.get(self.resolved.backend.name)  # type: ignore[union-attr]
-        if limiter is not None:
-            await limiter.acquire(self.deadline)
-            self.slot = limiter
-
-    def start_pump(self) -> EventPump:
-        """The attempt's backend generation, in a pump the drain and the deadline can end."""
-        pump = EventPump(self.resolved.backend.generate(self.attempt_spec))  # type: ignore[union-attr,arg-type]
-        if self.deadline is not None:
-            pump.interrupt_at(self.deadline.at, self.deadline.error())
-        self.gateway.track(pump)
-        return pump
-
-    async def close_pump(self, pump: EventPump) -> None:
-        self.gateway.untrack(pump)
-        with anyio.CancelScope(shield=True):
-            await pump.close()
-
-    def _leave(self) -> None:
-        backend = self.resolved.backend.name  # type: ignore[union-attr]
-        self.gateway.in_flight[backend] -= 1
-        self.arm.in_flight.dec()  # type: ignore[union-attr]
-        if self.slot is not None:
-            self.slot.release()
-            self.slot = None
-
-    def may_retry(self, error: BaseException) -> bool:
-        """After a failure before the first token: whether another target may be tried (the
-        attempt is then closed and counted)."""
-        if retry_kind(error) is None or len(self.tried) >= min(self.plan.max_attempts, len(self.plan.route.targets)):
-            return False
-        assert self.resolved is not None
-        self._leave()
-        outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
-        self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
-        self.last_error = error
-        return True
-
-    def committed(self) -> None:
-        """The attempt produced its first events: it serves the request, whatever follows."""
-        assert self.resolved is not None
-        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "ok").inc()
-        self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome="ok"))
-
-    def end(self, error: BaseException | None, *, first_token: bool = True) -> None:
-        """The request is over: served, failed or cancelled. `first_token` False: its last
-        attempt failed before any event and is counted here."""
-        resolved = self.resolved
-        assert resolved is not None and self.attempt_spec is not None
-        self._leave()
-        if not first_token and error is not None:
-            kind = "cancelled" if outcome_of(error) == "cancelled" else (retry_kind(error) or error_label(error))
-            self.gateway.metrics.attempts.labels(self.plan.route.name, resolved.backend.name, kind).inc()
-            self.attempts.append(Attempt(backend=resolved.backend.name, outcome=kind))
-        self._record(error)
-
-    def give_up(self) -> BaseException:
-        """No target is left after failed attempts (all tried, or the rest open or unable):
-        the request fails with the last attempt's error, recorded against the last backend."""
-        error = self.last_error or UpstreamError(
-            f"No backend of `{self.plan.route.name}` could serve the request.", kind="unavailable"
-        )
-        if self.resolved is not None:
-            self._record(error)
-        return error
-
-    def _record(self, error: BaseException | None) -> None:
-        resolved, spec = self.resolved, self.attempt_spec
-        assert resolved is not None and spec is not None
-        outcome, timings = self.gateway.record(
-            plan=self.plan,
-            target=resolved.target,
-            spec=spec,
-            arm=self.arm,
-            timer=self.timer,
-            usage=self.usage,
-            error=error,
-            attempts=self.attempts,
-        )
-        self.gateway.pm.hook.switchyard_on_response(
-            spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings
-        )
-
-
 # -- streaming ------------------------------------------------------------------------------------
 
 
 async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
-    """Start a backend and wait for its first events, so that a failure before any token
-    (context too long, upstream down) is still answered with a real HTTP status — and, on a
-    route that allows more attempts, tried on the next target instead. Nothing has gone to
-    the client before this returns; after it, nothing is retried. Returns the SSE body."""
-    plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
-    while True:
-        resolved = observed.next_attempt()
-        if resolved is None:
-            raise observed.give_up()
-        pump: EventPump | None = None
-        try:
-            await observed.admit()
-            pump = observed.start_pump()
-            first = await pump.next_batch()
-        except BaseException as exc:
-            if pump is not None:
-                await observed.close_pump(pump)
-            if observed.may_retry(exc):
-                continue
-            observed.end(exc, first_token=False)
-            raise
-        observed.committed()
-        return Served(body=_sse_body(observed, pump, first), backend=resolved.backend.name)
-
-
-async def _sse_body(observed: Observed, pump: EventPump, first: list[Event] | None) -> AsyncIterator[bytes]:
-    spec = observed.spec
-    backend = observed.resolved.backend.name  # type: ignore[union-attr]
+    """The request started (see `serving.open_events`); returns the SSE body."""
+    opened = await open_events(gateway, spec)
     encoder = ChunkEncoder(
         id=response_id(spec),
         created=int(time.time()),
         model=spec.model,
-        fingerprint=observed.gateway.config.server.system_fingerprint,
+        fingerprint=gateway.config.server.system_fingerprint,
         chat=spec.kind == "chat",
         include_usage=spec.include_usage,
+        reasoning_field=gateway.config.server.reasoning_field,
     )
-    state = _StreamState(encoder, spec)
-    error: BaseException | None = None
-    try:
-        out = state.start()
-        batch = first
-        while batch is not None:
-            if any(is_token_event(e) for e in batch):
-                observed.timer.mark_tokens()
-            out += state.feed(batch)
-            if out:
-                yield out
-            out = b""
-            batch = await pump.next_batch()
-        observed.usage = check_usage(state.usage, backend)
-        state.check_complete(backend)
-        yield state.finish(observed.usage)
-    except SwitchyardError as exc:
-        error = exc
-        payload = error_payload(exc, observed.gateway.redact)[1]
-        observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        yield error_event(payload) + DONE
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        await observed.close_pump(pump)
-        observed.end(error)
+    return Served(body=stream_body(opened, _StreamState(encoder, spec)), backend=opened.backend)
 
 
 class _StreamState:
@@ -268,11 +47,16 @@ class _StreamState:
         self.spec = spec
         self.n = spec.sampling.n
         self.finished: set[int] = set()
-        self.usage: Usage | None = None
+        self.continuous = spec.include_usage and spec.continuous_usage_stats  # usage on every chunk
         # per choice: characters of token text sent so far (legacy completions' `text_offset`)
         self.text_offsets: dict[int, int] = {}
 
-    def start(self) -> bytes:
+    def start(self, first: list[Event]) -> bytes:
+        if self.continuous:
+            for event in first:  # a backend's running usage before its first token
+                if not isinstance(event, Usage):
+                    break
+                self.encoder.set_usage(event)
         if not self.encoder.chat:
             return b""
         return b"".join(self.encoder.role(i) for i in range(self.n))
@@ -297,10 +81,13 @@ class _StreamState:
             elif isinstance(event, Finish):
                 self._finish(event)
                 parts.append(self.encoder.text(event.index, "", finish=event.reason))
+            elif isinstance(event, ReasoningDelta):
+                if event.text:
+                    parts.append(self.encoder.reasoning(event.index, event.text))
             elif isinstance(event, ToolCallDelta):
                 parts.append(self.encoder.tool_call(event))
-            elif isinstance(event, Usage):
-                self.usage = event
+            elif isinstance(event, Usage) and self.continuous:
+                self.encoder.set_usage(event)
         return b"".join(parts)
 
     def _finish(self, event: Finish) -> None:
@@ -317,13 +104,14 @@ class _StreamState:
         self.text_offsets[index] = offset + sum(len(lp.token) for lp in logprobs)
         return _encode_completion_logprobs(logprobs, offset)
 
-    def check_complete(self, backend: str) -> None:
+    async def finish(self, usage: Usage) -> bytes:
         missing = set(range(self.n)) - self.finished
         if missing:
-            raise UpstreamError(f"Backend `{backend}` ended without finishing choice {min(missing)}.", kind="bad_gateway")
-
-    def finish(self, usage: Usage) -> bytes:
+            raise UpstreamError(f"The backend ended without finishing choice {min(missing)}.", kind="bad_gateway")
         return (self.encoder.usage(usage) if self.spec.include_usage else b"") + DONE
+
+    async def error(self, error: SwitchyardError, payload: S.ErrorResponse) -> bytes:
+        return error_event(payload) + DONE
 
 
 def _encode_completion_logprobs(logprobs: list[TokenLogprob], offset: int) -> bytes:
@@ -339,82 +127,67 @@ class _Choice:
     logprobs: list[TokenLogprob] | None = None
     tool_calls: dict[int, dict] = field(default_factory=dict)
     finish_reason: str | None = None
+    reasoning: list[str] = field(default_factory=list)
+
+
+class _Choices:
+    """The non-streamed answer being assembled: text, reasoning, logprobs, tool calls per choice."""
+
+    def __init__(self, n: int) -> None:
+        self.choices = [_Choice() for _ in range(n)]
+
+    def feed(self, event: Event) -> None:
+        if isinstance(event, Usage):
+            return
+        if event.index >= len(self.choices):
+            raise UpstreamError(f"The backend sent choice {event.index} of {len(self.choices)}.", kind="bad_gateway")
+        choice = self.choices[event.index]
+        if isinstance(event, TextDelta):
+            choice.text.append(event.text)
+            if event.logprobs is not None:
+                choice.logprobs = (choice.logprobs or []) + list(event.logprobs)
+        elif isinstance(event, ReasoningDelta):
+            choice.reasoning.append(event.text)
+        elif isinstance(event, Finish):
+            if choice.finish_reason is not None:
+                raise UpstreamError(f"The backend finished choice {event.index} twice.", kind="bad_gateway")
+            choice.finish_reason = event.reason
+        elif isinstance(event, ToolCallDelta):
+            call = choice.tool_calls.setdefault(event.tool_index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = event.id or call["id"]
+            call["name"] = event.name or call["name"]
+            call["arguments"] += event.arguments
+
+    def check_complete(self, backend: str) -> None:
+        for i, choice in enumerate(self.choices):
+            if choice.finish_reason is None:
+                raise UpstreamError(f"Backend `{backend}` ended without finishing choice {i}.", kind="bad_gateway")
 
 
 async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
-    """Run the request to its end and build the response object. A failure before the
-    backend's first event is tried on the next target when the route allows more attempts."""
-    plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan)
-    while True:
-        resolved = observed.next_attempt()
-        if resolved is None:
-            raise observed.give_up()
-        backend = resolved.backend.name
-        choices = [_Choice() for _ in range(spec.sampling.n)]
-        pump: EventPump | None = None
-        error: BaseException | None = None
-        started = False
-        try:
-            await observed.admit()
-            pump = observed.start_pump()
-            batch = await pump.next_batch()
-            while batch is not None:
-                if not started:
-                    started = True
-                    observed.committed()
-                for event in batch:
-                    _collect_event(choices, event, observed)
-                batch = await pump.next_batch()
-            observed.usage = check_usage(observed.usage, backend)
-            for i, choice in enumerate(choices):
-                if choice.finish_reason is None:
-                    raise UpstreamError(f"Backend `{backend}` ended without finishing choice {i}.", kind="bad_gateway")
-        except BaseException as exc:
-            error = exc
-        finally:
-            if pump is not None:
-                await observed.close_pump(pump)
-        if error is None:
-            observed.end(None)
-            return Served(body=_build_response(gateway, spec, choices, observed.usage), backend=backend)  # type: ignore[arg-type]
-        if not started and observed.may_retry(error):
-            continue
-        observed.end(error, first_token=started)
-        raise error
+    """Run the request to its end (see `serving.collect_events`) and build the response object."""
+    sink, usage, backend = await collect_events(gateway, spec, lambda: _Choices(spec.sampling.n))
+    return Served(body=_build_response(gateway, spec, sink.choices, usage), backend=backend)
 
 
-def _collect_event(choices: list[_Choice], event: Event, observed: Observed) -> None:
-    if isinstance(event, Usage):
-        observed.usage = event
-        return
-    if event.index >= len(choices):
-        raise UpstreamError(f"The backend sent choice {event.index} of {len(choices)}.", kind="bad_gateway")
-    choice = choices[event.index]
-    if isinstance(event, TextDelta):
-        if event.text or event.logprobs:
-            observed.timer.mark_tokens()
-        choice.text.append(event.text)
-        if event.logprobs is not None:
-            choice.logprobs = (choice.logprobs or []) + list(event.logprobs)
-    elif isinstance(event, Finish):
-        if choice.finish_reason is not None:
-            raise UpstreamError(f"The backend finished choice {event.index} twice.", kind="bad_gateway")
-        choice.finish_reason = event.reason
-    elif isinstance(event, ToolCallDelta):
-        call = choice.tool_calls.setdefault(event.tool_index, {"id": None, "name": "", "arguments": ""})
-        call["id"] = event.id or call["id"]
-        call["name"] = event.name or call["name"]
-        call["arguments"] += event.arguments
+def _reasoning_fields(gateway: Gateway, reasoning: list[str]) -> dict[str, str]:
+    if not reasoning:
+        return {}
+    text = "".join(reasoning)
+    field = gateway.config.server.reasoning_field
+    names = ("reasoning_content", "reasoning") if field == "both" else (field,)
+    return {name: text for name in names}
 
 
 def _usage_body(usage: Usage) -> S.UsageBody:
     details = None if usage.cached_tokens is None else S.PromptTokensDetails(cached_tokens=usage.cached_tokens)
+    reasoning = None if usage.reasoning_tokens is None else S.CompletionTokensDetails(reasoning_tokens=usage.reasoning_tokens)
     return S.UsageBody(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
         prompt_tokens_details=details,
+        completion_tokens_details=reasoning,
     )
 
 
@@ -473,6 +246,7 @@ def _build_response(gateway: Gateway, spec: RequestSpec, choices: list[_Choice],
                 index=i,
                 message=S.ChatMessageBody(
                     content="".join(c.text) if c.text or not c.tool_calls else None,
+                    **_reasoning_fields(gateway, c.reasoning),
                     tool_calls=[
                         S.ToolCallBody(
                             id=call["id"] or f"call_{secrets.token_hex(12)}",

@@ -11,11 +11,12 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
+from gateway.responses_api.store import StoreConfig, check_store_config
 from plugins.errors import ConfigError
 from plugins.registry import BackendType, Route, Target
 
@@ -50,6 +51,12 @@ class ServerConfig(_Config):
     # the most `max_tokens` (or `max_completion_tokens`) a request may ask for, and the value
     # used when it asks for none; None: no cap. A route's own `max_tokens` overrides it.
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # what a request that asks for no `max_tokens` gets (at most `max_tokens`); None: the cap,
+    # or no limit without one. A route's own `default_max_tokens` overrides it.
+    default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # the field(s) chat completions carry the model's thinking in: "reasoning" (vLLM >= 0.10),
+    # "reasoning_content" (DeepSeek, llama.cpp, older vLLM) or "both"
+    reasoning_field: Literal["reasoning", "reasoning_content", "both"] = "both"
     # a request's whole time, queueing included: 504 before the first byte, an error event
     # after it. None: no deadline. A route's own `request_timeout_s` overrides it.
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
@@ -124,11 +131,13 @@ class RouteConfig(_Config):
     max_attempts: Annotated[int, Meta(ge=1)] | None = None
     shadow: ShadowConfig | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
+    default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
 
 
 class Config(_Config):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    responses: StoreConfig = msgspec.field(default_factory=StoreConfig)  # the Responses API's store
     plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
     backends: list[BackendConfig] = []
     routes: list[RouteConfig] = []
@@ -178,6 +187,8 @@ def parse_config(text: str, source: str) -> Config:
         key, reason = _key_of(exc)
         raise ConfigError(f"{source}: {reason} at `{key}`", param=key) from None
     _check_names(config, source)
+    _check_output_caps(config, source)
+    check_store_config(config.responses, source)
     _check_keys(config, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
@@ -215,6 +226,18 @@ def _check_names(config: Config, source: str) -> None:
                 f"{source}: route {route.name!r} shadows to unknown backend {route.shadow.backend!r} "
                 f"at `routes[{i}].shadow.backend`"
             )
+
+
+def _check_output_caps(config: Config, source: str) -> None:
+    """A `default_max_tokens` is at most the `max_tokens` cap in force where it applies."""
+    server = config.server
+    where = [("server", server.max_tokens, server.default_max_tokens)]
+    where += [(f"routes[{i}]", r.max_tokens or server.max_tokens, r.default_max_tokens or server.default_max_tokens)
+              for i, r in enumerate(config.routes)]
+    for key, cap, default in where:
+        if cap is not None and default is not None and default > cap:
+            raise ConfigError(f"{source}: `default_max_tokens` ({default}) is above the `max_tokens` cap ({cap}) "
+                              f"at `{key}.default_max_tokens`", param=f"{key}.default_max_tokens")
 
 
 def _check_keys(config: Config, source: str) -> None:

@@ -55,6 +55,7 @@ class Deadline:
 class RouteLimits:
     max_tokens: int | None = None
     request_timeout_s: float | None = None
+    default_max_tokens: int | None = None  # what a request that asks for none gets (<= max_tokens)
 
 
 def check_messages(count: int, max_messages: int) -> None:
@@ -63,18 +64,20 @@ def check_messages(count: int, max_messages: int) -> None:
 
 
 def cap_max_tokens(spec: RequestSpec, limits: RouteLimits, param: str, asked: int | None) -> RequestSpec:
-    """`spec` with its route's `max_tokens` cap applied. `asked`: what the client sent in
-    `param` (None: nothing). Asking for more than the cap is a 400 naming `param`; asking for
-    nothing gets the cap (or the endpoint's own default, legacy completions' 16, if smaller)."""
+    """`spec` with its route's output limits applied. `asked`: what the client sent in `param`
+    (None: nothing). Asking for more than the `max_tokens` cap is a 400 naming `param`; asking
+    for nothing gets `default_max_tokens`, else the cap (or the endpoint's own default, legacy
+    completions' 16, if smaller)."""
     cap = limits.max_tokens
-    if cap is None:
-        return spec
     if asked is not None:
-        if asked > cap:
+        if cap is not None and asked > cap:
             raise InvalidRequest(f"`{param}` is {asked}, more than model `{spec.model}` allows ({cap}).", param=param)
         return spec
+    fill = limits.default_max_tokens or cap
+    if fill is None:
+        return spec
     default = spec.sampling.max_tokens
-    capped = cap if default is None else min(default, cap)
+    capped = fill if default is None else min(default, fill)
     return msgspec.structs.replace(spec, sampling=msgspec.structs.replace(spec.sampling, max_tokens=capped))
 
 

@@ -20,6 +20,7 @@ from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
 from gateway import schemas as S
+from gateway.responses_api import schemas as R
 
 REF = "#/components/schemas/{name}"
 
@@ -27,6 +28,10 @@ REF = "#/components/schemas/{name}"
 SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/chat/completions", "post"): {"application/json": S.ChatCompletion, "text/event-stream": S.ChatCompletionChunk},
     ("/v1/completions", "post"): {"application/json": S.Completion, "text/event-stream": S.CompletionChunk},
+    ("/v1/responses", "post"): {"application/json": R.Response, "text/event-stream": R.StreamEvent},
+    ("/v1/responses/{response_id}", "get"): {"application/json": R.Response},
+    ("/v1/responses/{response_id}", "delete"): {"application/json": R.DeletedResponse},
+    ("/v1/responses/{response_id}/cancel", "post"): {"application/json": R.Response},
     ("/v1/models", "get"): {"application/json": S.ModelList},
     ("/v1/models/{model_id}", "get"): {"application/json": S.ModelCard},
     ("/tokenize", "post"): {"application/json": S.TokenizeResponse},
@@ -40,6 +45,7 @@ SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("/v1/chat/completions", "post"): S.ChatCompletionRequest,
     ("/v1/completions", "post"): S.CompletionRequest,
+    ("/v1/responses", "post"): R.ResponsesRequest,
     ("/tokenize", "post"): S.TokenizeBody,
     ("/detokenize", "post"): S.DetokenizeBody,
     ("/switchyard/render", "post"): S.RenderBody,
@@ -79,8 +85,21 @@ def _stream_event(chunk: type) -> dict[str, Any]:
     }
 
 
+def _typed_stream_event() -> dict[str, Any]:
+    """One event of a Responses stream: `event` names its `type`; `data` is the event as JSON."""
+    members = [{"$ref": REF.format(name=t.__name__)} for t in R.StreamEvent.__args__]  # type: ignore[attr-defined]
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string"},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": members}},
+        },
+    }
+
+
 def components() -> dict[str, Any]:
-    structs = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk]
+    structs: list[Any] = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent]
     structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
     _, defs = msgspec.json.schema_components(list(dict.fromkeys(structs)), ref_template=REF)
     for schema in defs.values():
@@ -181,6 +200,8 @@ def _responses(path: str, method: str) -> dict[str, Any]:
             content[media] = {"schema": {"type": "string"}}
         elif struct is None:
             content[media] = {"schema": {}}
+        elif struct is R.StreamEvent:
+            content[media] = {"schema": _typed_stream_event()}
         elif media == "text/event-stream":
             content[media] = {"schema": _stream_event(struct)}
         else:

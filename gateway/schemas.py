@@ -299,11 +299,16 @@ class PromptTokensDetails(_Response, kw_only=True):
     cached_tokens: int
 
 
+class CompletionTokensDetails(_Response, kw_only=True):
+    reasoning_tokens: int
+
+
 class UsageBody(_Response, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None  # when the backend tells reasoning apart
 
 
 class TopLogprobBody(_Response, kw_only=True):
@@ -340,6 +345,9 @@ class ChatMessageBody(_Response, kw_only=True):
     content: str | None
     refusal: str | None = None
     tool_calls: list[ToolCallBody] | None = None
+    # the model's thinking, under the name(s) `server.reasoning_field` picks; absent without any
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
+    reasoning: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatChoice(_Response, kw_only=True):
@@ -444,6 +452,8 @@ class ChunkToolCall(_Response, kw_only=True):
 class ChunkDelta(_Response, kw_only=True):
     role: Literal["assistant"] | msgspec.UnsetType = msgspec.UNSET  # the first chunk of a choice
     content: str | msgspec.UnsetType = msgspec.UNSET
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET  # see `server.reasoning_field`
+    reasoning: str | msgspec.UnsetType = msgspec.UNSET
     tool_calls: list[ChunkToolCall] | msgspec.UnsetType = msgspec.UNSET
 
 

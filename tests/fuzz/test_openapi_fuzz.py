@@ -14,6 +14,7 @@ the random examples (~5,800 requests, ~3 min).
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -38,7 +39,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 # positive_data_acceptance is left out on purpose: cross-field rules (`stream_options` without
 # `stream`, `top_logprobs` without `logprobs`, ...) refuse some requests each field allows.
 
-CONFIG = "[server]\nmax_n = 4\nmax_messages = 64\n\n" + echo_config(models=["echo-1", "org/echo-2"], max_model_len=512).replace(
+STORE = f'[responses]\nsqlite_path = "{tempfile.mkdtemp()}/responses.sqlite3"\n\n'
+CONFIG = "[server]\nmax_n = 4\nmax_messages = 64\n\n" + STORE + echo_config(models=["echo-1", "org/echo-2"], max_model_len=512).replace(
     'modules = ["tests.support.echo_backend"]', 'modules = ["tests.fuzz.fuzz_backend"]'
 ).replace('type = "echo"', 'type = "fuzz_echo"')
 APP = create_app(parse_config(CONFIG, "<fuzz>"))
@@ -49,6 +51,9 @@ SENT: dict[str, int] = {}
 BUDGET = {  # Hypothesis examples per operation (Schemathesis sends several requests per example)
     "/v1/chat/completions": 100,
     "/v1/completions": 70,
+    "/v1/responses": 100,
+    "/v1/responses/{response_id}": 20,
+    "/v1/responses/{response_id}/cancel": 10,
     "/switchyard/render": 30,
     "/tokenize": 30,
     "/detokenize": 30,
@@ -77,6 +82,9 @@ def _test_for(path: str):  # noqa: ANN202 - a schemathesis-parametrized test per
 
 test_chat_completions = _test_for("/v1/chat/completions")
 test_completions = _test_for("/v1/completions")
+test_responses = _test_for("/v1/responses")
+test_stored_response = _test_for("/v1/responses/{response_id}")
+test_cancel_response = _test_for("/v1/responses/{response_id}/cancel")
 test_render = _test_for("/switchyard/render")
 test_tokenize = _test_for("/tokenize")
 test_detokenize = _test_for("/detokenize")

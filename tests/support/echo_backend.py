@@ -33,6 +33,7 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
+from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.registry import BackendType
 
 
@@ -46,6 +47,7 @@ class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     answer_prefix: str = ""  # a word put before every answer (one more token)
     fail: str | None = None  # every request fails before its first token, as with `FAIL:<kind>`
     fail_after: int | None = None  # every request fails after this many tokens, as with `FAILMID:<n>`
+    reasoning_parser: str = "none"  # "deepseek_r1": `<think> ... </think>` words become reasoning
 
 
 def prompt_words(spec: RequestSpec | TokenizeRequest) -> list[str]:
@@ -113,7 +115,13 @@ class EchoBackend:
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
         return " ".join("x" * t for t in tokens)
 
-    async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+    def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        factory = choose_parser(self.options.reasoning_parser, template_source=None, prompt_text=None,
+                                chat_template_kwargs=spec.chat_template_kwargs)
+        events = self._echo(spec)
+        return events if factory is None or spec.kind != "chat" else split_reasoning(events, ReasoningSplitter(factory))
+
+    async def _echo(self, spec: RequestSpec) -> AsyncIterator[Event]:
         words = answer_words(spec)
         if self.options.answer_prefix:
             words = [self.options.answer_prefix, *words]

@@ -1,0 +1,122 @@
+"""HTTP pieces every wire API's handlers share: strict body decoding, the key's model check,
+response headers, and serving a request — a JSON answer, or an SSE stream whose backend is
+cancelled when the client goes away (also while waiting for the first event)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
+from litestar.types import Receive, Send
+
+from gateway.auth import ClientKey
+from gateway.errors import from_decode_error
+from gateway.service import Gateway
+from gateway.serving import Served
+from plugins.errors import InvalidRequest, PermissionDenied
+from plugins.protocol import RequestSpec
+
+T = TypeVar("T")
+B = TypeVar("B", bound=msgspec.Struct)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; never reaches the client
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def response_headers(request: Request, backend: str | None = None) -> dict[str, str]:
+    headers = {"x-request-id": request.state.request_id}
+    if backend is not None:
+        headers["x-switchyard-backend"] = backend
+    return headers
+
+
+def authorize(request: Request, model: str) -> None:
+    """403 when the client's key may not use `model` (a route or model name)."""
+    key: ClientKey | None = request.state.client_key
+    if key is not None and not key.may_use(model):
+        raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
+
+
+_DECODERS: dict[type, msgspec.json.Decoder] = {}
+
+
+async def decode_body(request: Request, struct: type[B]) -> B:
+    """The body decoded straight into `struct`, strictly: a JSON type other than the field's
+    (`"temperature": "0.5"`, `"stream": 1`) is a 400, as OpenAI answers, never coerced.
+    (Litestar's own `data` parameter converts leniently.) The schema at /schema says the same."""
+    raw = await request.body()
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object.")
+    decoder = _DECODERS.get(struct)
+    if decoder is None:
+        decoder = _DECODERS[struct] = msgspec.json.Decoder(struct)
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise from_decode_error(exc) from None
+
+
+async def serve(request: Request, gateway: Gateway, spec: RequestSpec,
+                open_stream: Callable[[Gateway, RequestSpec], Awaitable[Served]],
+                collect: Callable[[Gateway, RequestSpec], Awaitable[Served]]) -> Response:
+    """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON)."""
+    # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
+    # the backend header names the target that actually served
+    spec = gateway.with_routing_keys(spec, request.headers)
+    served = await unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec))
+    if served is None:
+        return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
+    headers = response_headers(request, served.backend)
+    if spec.stream:
+        return SSEStream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+    return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
+    """Await `work`, cancelling it (and so the backend's generation) if the client goes away
+    first; None then. Guards both the wait for the first event and a stream's body."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch_disconnect() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:
+            return None
+        raise
+    finally:
+        watcher.cancel()
+
+
+class _SSEBody(ASGIStreamingResponse):
+    """Litestar's streaming body sent from the request's own task, with one plain task watching
+    for the client's disconnect, instead of an anyio task group and a second task per stream
+    (6% less gateway CPU per streamed request at 64 streams)."""
+
+    __slots__ = ()
+
+    async def send_body(self, send: Send, receive: Receive) -> None:
+        await unless_disconnected(receive, self._stream(send))
+
+
+class SSEStream(Stream):
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
+        response = super().to_asgi_response(*args, **kwargs)
+        assert type(response) is ASGIStreamingResponse
+        response.__class__ = _SSEBody  # same slots; Litestar builds the headers, we send the body
+        return response

@@ -1,0 +1,149 @@
+"""The HTTP handlers of the Responses API and the lifespan that opens its store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.datastructures import State
+
+from gateway.http_common import authorize, decode_body, response_headers, serve
+from gateway.limits import cap_max_tokens, check_messages
+from gateway.responses_api import schemas as R
+from gateway.responses_api import service, translate
+from gateway.responses_api.output import new_id
+from gateway.responses_api.store import StoreConfig, open_store
+from gateway.service import Gateway
+from plugins.errors import InvalidRequest, NotFound
+
+CANCEL_WAIT_S = 10.0  # how long a cancel waits for the response to end before answering
+
+
+def _state(state: State) -> service.ResponsesState:
+    return state.responses
+
+
+def _not_found(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"Response with id {response_id!r} not found.", param=param, code="response_not_found")
+
+
+def _frame(req: R.ResponsesRequest, stored: bool, tool_choice: Any) -> R.Response:
+    fmt = req.text.format if req.text is not None and req.text.format is not None else R.FormatText()
+    return R.Response(
+        id=new_id("resp"),
+        created_at=int(time.time()),
+        status="in_progress",
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        model=req.model,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        previous_response_id=req.previous_response_id,
+        reasoning=R.ReasoningEcho(effort=req.reasoning.effort if req.reasoning else None,
+                                  summary=req.reasoning.summary if req.reasoning else None),
+        store=stored,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        text=R.TextFormatEcho(format=msgspec.to_builtins(fmt)),
+        tool_choice=tool_choice,
+        tools=req.tools or [],
+        top_p=1.0 if req.top_p is None else req.top_p,
+        user=req.user,
+        metadata=req.metadata or {},
+    )
+
+
+@post("/v1/responses", status_code=200, summary="Create a model response (OpenAI Responses API).")
+async def create_response(request: Request, state: State) -> Response:
+    req = await decode_body(request, R.ResponsesRequest)
+    gateway: Gateway = state.gateway
+    responses = _state(state)
+    authorize(request, req.model)
+    translate.check_request(req)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        previous = await responses.store.get(req.previous_response_id) if responses.store is not None else None
+        if previous is None:
+            raise _not_found(req.previous_response_id, "previous_response_id")
+        history = previous.conversation
+    turn_messages = translate.to_messages(translate.input_items(req), translate.call_ids(history))
+    check_messages(len(history) + len(turn_messages), gateway.config.server.max_messages)
+    spec = translate.to_spec(req, request_id=request.state.request_id, history=history, turn=turn_messages)
+    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_output_tokens", req.max_output_tokens)
+    stored = req.store is not False and responses.store is not None
+    frame = _frame(req, stored, req.tool_choice if req.tool_choice is not None else "auto")
+    frame = msgspec.structs.replace(frame, max_output_tokens=spec.sampling.max_tokens)
+    turn = service.Turn(frame=frame, conversation=history + turn_messages, store=stored)
+    return await serve(request, gateway, spec, _bound(service.open_stream, responses, turn),
+                       _bound(service.collect, responses, turn))
+
+
+def _bound(fn: Callable[..., Any], responses: service.ResponsesState, turn: service.Turn) -> Callable[..., Any]:
+    return lambda gateway, spec: fn(gateway, spec, responses, turn)
+
+
+@get("/v1/responses/{response_id:str}", summary="Retrieve a stored response.")
+async def get_response(request: Request, state: State, response_id: str) -> Response:
+    store = _state(state).store
+    stored = await store.get(response_id) if store is not None else None
+    if stored is None:
+        raise _not_found(response_id)
+    authorize(request, stored.response.model)
+    return _json(request, stored.response)
+
+
+@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response.")
+async def delete_response(request: Request, state: State, response_id: str) -> Response:
+    store = _state(state).store
+    stored = await store.get(response_id) if store is not None else None
+    if stored is None or store is None:
+        raise _not_found(response_id)
+    authorize(request, stored.response.model)
+    await store.delete(response_id)
+    return _json(request, R.DeletedResponse(id=response_id))
+
+
+@post("/v1/responses/{response_id:str}/cancel", status_code=200, summary="Cancel a response in progress.")
+async def cancel_response(request: Request, state: State, response_id: str) -> Response:
+    """Ends a response this gateway process is generating (its stream ends with status
+    "cancelled"); a finished response cannot be cancelled."""
+    responses = _state(state)
+    entry = responses.cancel(response_id)
+    if entry is not None:
+        try:
+            response = await asyncio.wait_for(asyncio.shield(entry.done), CANCEL_WAIT_S)
+        except TimeoutError:
+            raise InvalidRequest(f"Response {response_id!r} did not stop within {CANCEL_WAIT_S:g} s.") from None
+        return _json(request, response)
+    stored = await responses.store.get(response_id) if responses.store is not None else None
+    if stored is None:
+        raise _not_found(response_id)
+    raise InvalidRequest(f"Response {response_id!r} is {stored.response.status}; only a response in progress can be cancelled.",
+                         param="response_id")
+
+
+def _json(request: Request, body: msgspec.Struct) -> Response:
+    return Response(content=msgspec.json.encode(body), media_type="application/json", headers=response_headers(request))
+
+
+HANDLERS = [create_response, get_response, delete_response, cancel_response]
+
+
+def lifespan(config: StoreConfig) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """Opens the response store at start-up (a bad path or an unreachable server stops it,
+    naming the key) and closes it at shutdown."""
+
+    @asynccontextmanager
+    async def run(app: Litestar) -> AsyncIterator[None]:
+        store = await open_store(config)
+        app.state.responses = service.ResponsesState(store=store)
+        try:
+            yield
+        finally:
+            if store is not None:
+                await store.close()
+
+    return run
