@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, ROOT, uptime_line  # noqa: E402
 
-SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare")
+SCRIPTS = ("gateway_overhead", "stream_fidelity", "memory", "engines_compare", "key_limits_overhead")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
     handle = engine.add_request(prompt_ids, params, priority=0)   # raises before scheduling
     async for output in handle: ...                               # on the loop that added it
     engine.abort(handle.request_id)                               # any thread; within one layer
+    handle = engine.add_pooling_request(prompt_ids, PoolingParams())  # an embedding: one output
 
 `add_request` validates and enqueues (any thread). The step thread, between steps, admits new
 requests and applies aborts; each step schedules, runs the model, samples, detokenizes and
@@ -38,6 +39,7 @@ from builtin_engine.loader import load_weights, read_model_config
 from builtin_engine.model_runner import ModelRunner
 from builtin_engine.output_processor import ChoiceState, Detokenizer
 from builtin_engine.outputs import ChoiceOutput, RequestOutput
+from builtin_engine.pooling import PoolingParams
 from builtin_engine.request_handle import RequestHandle, deliver
 from builtin_engine.sampler import Sampler, SamplerOutput, choice_seed
 from builtin_engine.sampling_params import SamplingParams
@@ -190,6 +192,26 @@ class LLMEngine:
             raise EngineDeadError("the engine is not running") from self._fatal
         max_tokens = self.check_request(prompt_ids, params)
         request = self._new_request(request_id or uuid.uuid4().hex, prompt_ids, params, priority, max_tokens)
+        return self._enqueue(request)
+
+    def add_pooling_request(self, prompt_ids: list[int], pooling: PoolingParams, *, priority: int = 0,
+                            request_id: str | None = None) -> RequestHandle:
+        """A request whose one output is its prompt's pooled hidden state (`embedding`; see
+        `builtin_engine.pooling`), scheduled and batched like any prompt. Raises as `add_request`."""
+        if self._fatal is not None or self._stopping:
+            raise EngineDeadError("the engine is not running") from self._fatal
+        self._check_prompt(prompt_ids)
+        if len(prompt_ids) > self.max_model_len:
+            raise InvalidRequestError(f"The input is {len(prompt_ids)} tokens, longer than the model's maximum context "
+                                      f"length ({self.max_model_len} tokens).", param="input")
+        size = self.model_config.hidden_size
+        if pooling.dimensions is not None and not 1 <= pooling.dimensions <= size:
+            raise InvalidRequestError(f"`dimensions` must be in [1, {size}].", param="dimensions")
+        request = self._new_request(request_id or uuid.uuid4().hex, prompt_ids, SamplingParams(max_tokens=1), priority,
+                                    1, pooling=pooling)
+        return self._enqueue(request)
+
+    def _enqueue(self, request: _Request) -> RequestHandle:
         with self._lock:
             if self._num_queued >= self.config.max_waiting:
                 raise QueueFull(self.config.max_waiting)
@@ -200,18 +222,22 @@ class LLMEngine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Validate a request; return its max_tokens (None resolved to the rest of the context)."""
-        if not prompt_ids:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        self._check_prompt(prompt_ids)
         vocab = self.model_config.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise InvalidRequestError(f"The prompt holds a token id outside the vocabulary (size {vocab}).",
-                                      param="prompt")
         params.validate(vocab_size=vocab, max_top_logprobs=self.config.max_top_logprobs)
         room = self.max_model_len - len(prompt_ids)
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             raise ContextLengthExceeded(num_prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
                                         max_model_len=self.max_model_len)
         return params.max_tokens if params.max_tokens is not None else room
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        vocab = self.model_config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise InvalidRequestError(f"The prompt holds a token id outside the vocabulary (size {vocab}).",
+                                      param="prompt")
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, priority: int = 0,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -232,7 +258,7 @@ class LLMEngine:
             self._lock.notify_all()
 
     def _new_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int,
-                     max_tokens: int) -> _Request:
+                     max_tokens: int, pooling: PoolingParams | None = None) -> _Request:
         seed = params.seed if params.seed is not None else self._random.getrandbits(63)
         arrival = next(self._arrivals)
         seqs: list[Sequence] = []
@@ -240,9 +266,9 @@ class LLMEngine:
             seqs.append(Sequence(
                 seq_id=next(self._seq_ids), request_id=request_id, index=index, prompt_ids=prompt_ids,
                 params=params, priority=priority, arrival=arrival, seed=choice_seed(seed, index),
-                max_tokens=max_tokens, waits_for=seqs[0] if seqs else None,
+                max_tokens=max_tokens, waits_for=seqs[0] if seqs else None, pooling=pooling,
             ))
-        factory = self.detokenizer_factory
+        factory = self.detokenizer_factory if pooling is None else None
         choices = [
             ChoiceState(seq, eos_token_ids=self.eos_token_ids,
                         detokenizer=factory(prompt_ids, params.skip_special_tokens) if factory else None)
@@ -270,6 +296,7 @@ class LLMEngine:
         self.last_step = _step_stats(out, len(seqs))
         if sampled is not None:
             self._process_samples(seqs, sampled)
+        self._finish_pooled(out)
 
     def run_until_done(self) -> None:
         """Step in this thread until nothing is left (scripts and tests; not with the thread)."""
@@ -291,6 +318,22 @@ class LLMEngine:
             touched[request.request_id] = request
         orphans = deliver([(r.handle, self._take_output(r)) for r in touched.values()])
         for handle in orphans:
+            self.abort(handle.request_id)
+
+    def _finish_pooled(self, out: SchedulerOutput) -> None:
+        """Pooling sequences whose prompt is all computed now: finish them with their vector."""
+        done: list[tuple[RequestHandle, RequestOutput]] = []
+        for chunk in out.chunks:
+            seq = chunk.seq
+            if seq.pooling is None or seq.is_finished or seq.num_computed_tokens < seq.num_tokens:
+                continue
+            self.scheduler.finish(seq)
+            request = self._requests.pop(seq.request_id)
+            done.append((request.handle, RequestOutput(
+                request_id=seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
+                num_cached_tokens=seq.num_cached_tokens or 0, finished=True, embedding=seq.pooling.result(),
+            )))
+        for handle in deliver(done) if done else ():
             self.abort(handle.request_id)
 
     def _take_output(self, request: _Request) -> RequestOutput:

@@ -1,6 +1,9 @@
 """Run one scheduled step: build the flattened batch and its `AttentionMetadata`, run the model
 over it layer by layer, sample one token for every chunk that reaches its sequence's end.
 
+A pooling sequence (embeddings) samples nothing: the final-normed hidden states of the rows its
+pool reads go to its `PoolingState` (see `builtin_engine.pooling`).
+
 Between layers the runner asks `poll_aborted` (the engine's) which requests were aborted since
 the step began; their rows leave the batch at once, so an abort takes effect within one layer's
 time instead of one step's (a step is up to ~1 s during a long prefill chunk on a CPU).
@@ -29,6 +32,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     meta: AttentionMetadata
     sampling_seqs: list[Sequence]  # row i of the logits samples for sampling_seqs[i]
+    pooling: list[tuple[Sequence, int, list[int]]]  # (pooling seq, its chunk's start, the rows its pool reads)
 
 
 class ModelRunner:
@@ -75,12 +79,24 @@ class ModelRunner:
                 residual = None if residual is None else residual.index_select(0, rows)
                 chunks, inputs = kept, self.prepare_inputs(kept)
             hidden, residual = self.model.layer(index, hidden, residual, inputs.meta, self.kv_cache)
+        if inputs.pooling:
+            self._pool(hidden, residual, inputs.pooling)
         if not inputs.sampling_seqs:
             return [], None
         hidden = self.model.final_norm(hidden, residual, inputs.meta.logits_indices)  # [S, H]
         logits = self.model.compute_logits(hidden)  # [S, V] float32
         sampling = prepare_sampling_metadata(inputs.sampling_seqs, device=self.device)
         return inputs.sampling_seqs, self.sampler(logits, sampling)
+
+    def _pool(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+              pooling: list[tuple[Sequence, int, list[int]]]) -> None:
+        rows = [row for _, _, seq_rows in pooling for row in seq_rows]
+        normed = self.model.final_norm(hidden, residual, torch.tensor(rows, dtype=torch.int64, device=self.device))
+        offset = 0
+        for seq, start, seq_rows in pooling:
+            assert seq.pooling is not None
+            seq.pooling.add(start, normed[offset : offset + len(seq_rows)])
+            offset += len(seq_rows)
 
     def prepare_inputs(self, chunks: list[ScheduledChunk]) -> StepInputs:
         bs = self.block_size
@@ -94,6 +110,7 @@ class ModelRunner:
         cu_seqlens_q = [0]
         logits_indices: list[int] = []
         sampling_seqs: list[Sequence] = []
+        pooling: list[tuple[Sequence, int, list[int]]] = []
         num_decode = 0
         for chunk in chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.start + chunk.num_tokens
@@ -113,7 +130,11 @@ class ModelRunner:
                 prefill_tables.append(table)
                 prefill_lens.append(end)
                 cu_seqlens_q.append(cu_seqlens_q[-1] + end - start)
-            if end == len(seq.token_ids):  # the chunk reaches the sequence's end: it samples
+            if seq.pooling is not None:
+                first_row = len(input_ids) - (end - start)
+                wanted = seq.pooling.rows_wanted(start, end, seq.num_prompt_tokens)
+                pooling.append((seq, start, [first_row + p - start for p in wanted]))
+            elif end == len(seq.token_ids):  # the chunk reaches the sequence's end: it samples
                 logits_indices.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
         dev = self.device
@@ -128,7 +149,7 @@ class ModelRunner:
             prefill_seq_lens=torch.tensor(prefill_lens, dtype=torch.int32, device=dev),
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
         )
-        return StepInputs(torch.tensor(input_ids, dtype=torch.int64, device=dev), meta, sampling_seqs)
+        return StepInputs(torch.tensor(input_ids, dtype=torch.int64, device=dev), meta, sampling_seqs, pooling)
 
     def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
         """[B, max_blocks] int32; rows padded with block 0, which attention never reads past seq_len."""

@@ -31,3 +31,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
     num_output_tokens: int = 0  # so far, summed over choices
     finished: bool = False  # every choice has finished; the last output of the request
+    embedding: list[float] | None = None  # a pooling request's vector (its only output)

@@ -105,7 +105,8 @@ class Scheduler:
                 return
             if not seq.can_start():
                 continue
-            cached = self.block_manager.find_cached_prefix(seq)
+            reads_every_token = seq.pooling is not None and seq.pooling.params.needs_every_token
+            cached = [] if reads_every_token else self.block_manager.find_cached_prefix(seq)
             num_computed = len(cached) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             if not self.block_manager.allocate_slots(seq, num_computed + num_new, cached):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from builtin_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from builtin_engine.pooling import PoolingParams, PoolingState
     from builtin_engine.structured import Matcher
 
 
@@ -42,6 +43,7 @@ class Sequence:
         "num_registered_blocks",
         "status",
         "matcher",
+        "pooling",
     )
 
     def __init__(
@@ -57,6 +59,7 @@ class Sequence:
         seed: int,
         max_tokens: int,
         waits_for: Sequence | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -77,6 +80,13 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # structured outputs: this sequence's grammar state (advanced by the output processor)
         self.matcher: Matcher | None = params.grammar.new_matcher() if params.grammar is not None else None
+        # a pooling request's sequence (embeddings): it samples nothing, its prompt's hidden
+        # states are pooled (see `builtin_engine.pooling`)
+        self.pooling: PoolingState | None = None
+        if pooling is not None:
+            from builtin_engine.pooling import PoolingState
+
+            self.pooling = PoolingState(pooling)
 
     def __repr__(self) -> str:
         return (

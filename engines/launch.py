@@ -127,9 +127,15 @@ def wait_healthy(server: ServerProcess, timeout: float) -> ServerProcess:
 
 
 def llamacpp_argv(*, binary: Path, model: Path, host: str, port: int, alias: str | None, ctx_size: int,
-                  parallel: int, threads: int, api_key: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+                  parallel: int, threads: int, api_key: str | None = None, extra: Sequence[str] = (),
+                  embeddings: bool = False) -> list[str]:
+    """`embeddings`: an embedding server (`--embeddings`, last-token pooling as the built-in
+    engine and vLLM pool decoder models; vectors L2-normalized, llama-server's default): it then
+    serves /v1/embeddings and no completions."""
     argv = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "-c", str(ctx_size),
             "-np", str(parallel), "-t", str(threads), "--metrics", "--slots"]
+    if embeddings:
+        argv += ["--embeddings", "--pooling", "last"]
     if alias:
         argv += ["-a", alias]
     if api_key:
@@ -140,7 +146,8 @@ def llamacpp_argv(*, binary: Path, model: Path, host: str, port: int, alias: str
 def start_llamacpp(*, model: Path | None = None, alias: str | None = "smollm2-135m-instruct", host: str = "127.0.0.1",
                    port: int = 0, ctx_size: int = 2048, parallel: int = 2, threads: int = 2,
                    api_key: str | None = None, extra: Sequence[str] = (), binary: Path | None = None,
-                   log_dir: Path | None = None, timeout: float = 60.0, nice: int = 0) -> ServerProcess:
+                   log_dir: Path | None = None, timeout: float = 60.0, nice: int = 0,
+                   embeddings: bool = False) -> ServerProcess:
     """`llama-server` serving a GGUF (default: the default model's). `-c` is split over `-np`
     slots: the per-request context is ctx_size // parallel."""
     binary = Path(binary) if binary else install.llama_server_path()
@@ -149,7 +156,7 @@ def start_llamacpp(*, model: Path | None = None, alias: str | None = "smollm2-13
     model = Path(model) if model else install.install_gguf()
     port = port or free_port(host)
     argv = llamacpp_argv(binary=binary, model=model, host=host, port=port, alias=alias, ctx_size=ctx_size,
-                         parallel=parallel, threads=threads, api_key=api_key, extra=extra)
+                         parallel=parallel, threads=threads, api_key=api_key, extra=extra, embeddings=embeddings)
     return wait_healthy(_spawn("llama-server", argv, host=host, port=port, env=None, log_dir=log_dir, nice=nice), timeout)
 
 
@@ -158,10 +165,15 @@ def start_llamacpp(*, model: Path | None = None, alias: str | None = "smollm2-13
 
 def vllm_argv(*, python: Path, model: Path, host: str, port: int, served_model_names: Sequence[str],
               max_model_len: int, enforce_eager: bool, dtype: str, api_key: str | None = None,
-              extra: Sequence[str] = ()) -> list[str]:
+              extra: Sequence[str] = (), embeddings: bool = False) -> list[str]:
+    """`embeddings`: the pooling runner with the model converted to an embedding model
+    (`--runner pooling --convert embed`, last-token pooling, normalized): it then serves
+    /v1/embeddings and no generation (one vLLM instance runs one runner)."""
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
             "--port", str(port), "--max-model-len", str(max_model_len), "--enable-prompt-tokens-details",
             "--enable-prefix-caching", "--dtype", dtype]
+    if embeddings:
+        argv += ["--runner", "pooling", "--convert", "embed", "--pooler-config", '{"seq_pooling_type": "LAST"}']
     if served_model_names:
         argv += ["--served-model-name", *served_model_names]
     if enforce_eager:
@@ -175,7 +187,8 @@ def start_vllm(*, model: Path | None = None, served_model_names: Sequence[str] =
                host: str = "127.0.0.1", port: int = 0, max_model_len: int = 2048, enforce_eager: bool = True,
                dtype: str = "bfloat16", kv_cache_space_gib: int = 1, api_key: str | None = None,
                extra: Sequence[str] = (), python: Path | None = None, env: dict[str, str] | None = None,
-               log_dir: Path | None = None, timeout: float = 300.0, nice: int = 0) -> ServerProcess:
+               log_dir: Path | None = None, timeout: float = 300.0, nice: int = 0,
+               embeddings: bool = False) -> ServerProcess:
     """vLLM's OpenAI server from its own venv, serving an HF checkpoint directory (default: the
     default model, converted by builtin_engine.model_store), with prompt-token details and
     prefix caching on."""
@@ -189,7 +202,7 @@ def start_vllm(*, model: Path | None = None, served_model_names: Sequence[str] =
     port = port or free_port(host)
     argv = vllm_argv(python=python, model=Path(model), host=host, port=port, served_model_names=served_model_names,
                      max_model_len=max_model_len, enforce_eager=enforce_eager, dtype=dtype, api_key=api_key,
-                     extra=extra)
+                     extra=extra, embeddings=embeddings)
     full_env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib), "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     return wait_healthy(_spawn("vllm", argv, host=host, port=port, env=full_env, log_dir=log_dir, nice=nice), timeout)
@@ -203,11 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("engine", choices=("vllm", "llamacpp"))
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--embeddings", action="store_true", help="an embedding server (no generation)")
     args = parser.parse_args(argv)
     if args.engine == "vllm":
-        server = start_vllm(port=args.port, max_model_len=args.max_model_len)
+        server = start_vllm(port=args.port, max_model_len=args.max_model_len, embeddings=args.embeddings)
     else:
-        server = start_llamacpp(port=args.port, ctx_size=args.max_model_len * 2, parallel=2)
+        server = start_llamacpp(port=args.port, ctx_size=args.max_model_len * 2, parallel=2, embeddings=args.embeddings)
     print(f"{server.name} pid {server.pid} healthy in {server.started_s:.1f} s at {server.base_url}; log {server.log_path}",
           flush=True)
     try:

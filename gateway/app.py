@@ -14,19 +14,22 @@ from litestar.datastructures import State
 from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
 
+from gateway import embeddings_api
 from gateway import schemas as S
-from gateway.auth import ClientKey, KeyRing
+from gateway.auth import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
-from gateway.http_common import authorize, decode_body, response_headers, serve
+from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.keys.usage import keys_usage
+from gateway.messages_api import handlers as messages_api
 from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.chat_completions import collect, open_stream
 from gateway.responses_api import handlers as responses_api
-from gateway.service import Gateway, Resolved
+from gateway.service import Gateway
 from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
-from plugins.errors import AuthenticationFailed, InvalidRequest, NotFound
-from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
+from plugins.errors import AuthenticationFailed, InvalidRequest
+from plugins.protocol import TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
 
@@ -47,7 +50,7 @@ async def _before_request(request: Request) -> Response | None:
         return handle_switchyard_error(request, ShuttingDown())
     keyring: KeyRing = request.app.state.keyring
     if keyring.enabled and not public:
-        key = keyring.authenticate(request.headers.get("authorization", ""))
+        key = keyring.authenticate(authorization_of(request.headers))
         if key is None:
             return handle_switchyard_error(request, AuthenticationFailed("Invalid or missing API key.", code="invalid_api_key"))
         request.state.client_key = key
@@ -114,17 +117,6 @@ def _card(gateway: Gateway, name: str) -> S.ModelCard:
     return S.ModelCard(id=name, created=gateway.created, owned_by=owner, max_model_len=max_model_len)
 
 
-def _resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) -> Resolved:
-    key: ClientKey | None = request.state.client_key
-    name = model or next((r for r in gateway.routes if key is None or key.may_use(r)), None)
-    if name is None:
-        raise NotFound("No models are served.")
-    authorize(request, name)
-    request_id = request.state.request_id
-    probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=SamplingParams())
-    return gateway.resolve(probe)
-
-
 @post("/tokenize", status_code=200, summary="Tokenize a prompt or chat messages (vLLM's shape).")
 async def tokenize(request: Request, state: State) -> Response:
     data = await decode_body(request, S.TokenizeBody)
@@ -133,7 +125,7 @@ async def tokenize(request: Request, state: State) -> Response:
         raise InvalidRequest("Send exactly one of `prompt` and `messages`.", param="prompt")
     if data.messages is not None:
         check_messages(len(data.messages), gateway.config.server.max_messages)
-    resolved = _resolve_for_tokens(request, gateway, data.model)
+    resolved = resolve_for_tokens(request, gateway, data.model)
     chat = data.messages is not None
     result = await resolved.backend.tokenize(
         TokenizeRequest(
@@ -157,7 +149,7 @@ async def tokenize(request: Request, state: State) -> Response:
 async def detokenize(request: Request, state: State) -> Response:
     data = await decode_body(request, S.DetokenizeBody)
     gateway = _gateway(state)
-    resolved = _resolve_for_tokens(request, gateway, data.model)
+    resolved = resolve_for_tokens(request, gateway, data.model)
     text = await resolved.backend.detokenize(resolved.target.model, data.tokens)
     body = S.DetokenizeResponse(prompt=text)
     return Response(content=msgspec.json.encode(body), media_type="application/json", headers=response_headers(request, resolved.backend.name))
@@ -175,7 +167,7 @@ async def render(request: Request, state: State) -> Response:
         route, _ = gateway.model_card(data.model)
         targets = [(gateway.backends[t.backend], t.model) for t in route.targets]
     else:
-        resolved = _resolve_for_tokens(request, gateway, data.model)
+        resolved = resolve_for_tokens(request, gateway, data.model)
         targets = [(resolved.backend, resolved.target.model)]
     messages = [msgspec.to_builtins(m) for m in data.messages]
     tools = msgspec.to_builtins(data.tools) if data.tools else None
@@ -239,8 +231,9 @@ def create_app(config: Config, gateway: Gateway | None = None) -> Litestar:
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, *responses_api.HANDLERS, list_models, get_model, tokenize, detokenize,
-                        render, health, ready, metrics],
+        route_handlers=[chat_completions, completions, *responses_api.HANDLERS, *messages_api.HANDLERS,
+                        *embeddings_api.HANDLERS, list_models, get_model, tokenize, detokenize,
+                        render, health, ready, metrics, keys_usage],
         lifespan=[lifespan, responses_api.lifespan(config.responses)],
         before_request=_before_request,
         exception_handlers={**EXCEPTION_HANDLERS, ValidationException: _validation_error},

@@ -1,12 +1,14 @@
 """Client API keys and secret hygiene.
 
-- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (`server.api_keys`,
-  `$SWITCHYARD_API_KEYS`, `[[server.keys]]`), each with the routes it may use. A presented token
+- `KeyRing`: the keys clients may present as `Authorization: Bearer <key>` (or Anthropic's
+  `x-api-key: <key>`: `authorization_of`) (`server.api_keys`, `$SWITCHYARD_API_KEYS`,
+  `[[server.keys]]`), each with the routes it may use and its limits. A presented token
   is checked against every key in constant time: both sides are SHA-256 digests, so neither a
   key's length nor its content shows in the timing, and the loop never stops early.
-- `Redactor`: every secret the gateway knows — client keys, and each backend's upstream
-  `api_key` or the value of its `api_key_env` — replaced by `[redacted]`. Error messages sent to
-  clients (an upstream may echo the key it was sent) and log records pass through it.
+- `Redactor`: every secret the gateway knows — client keys, each backend's upstream `api_key`
+  or the value of its `api_key_env`, the password in `server.state` — replaced by `[redacted]`.
+  Error messages sent to clients (an upstream may echo the key it was sent) and log records pass
+  through it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from gateway.config import Config, ServerConfig
+from gateway.keys.limits import KeyLimits
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6  # shorter strings are not redacted: they would mangle ordinary words
@@ -33,6 +38,7 @@ class ClientKey:
     name: str  # what logs may show
     digest: bytes
     routes: frozenset[str] | None  # None: every route
+    limits: KeyLimits | None = None  # None: not limited (gateway/keys)
 
     def may_use(self, route: str) -> bool:
         return self.routes is None or route in self.routes
@@ -48,7 +54,8 @@ class KeyRing:
         for i, entry in enumerate(server.keys):
             secret = entry.key if entry.key is not None else os.environ.get(entry.key_env or "", "").strip()
             routes = None if entry.routes is None else frozenset(entry.routes)
-            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes))
+            limits = KeyLimits.from_config(entry)
+            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes, limits=limits))
         return cls(keys)
 
     @property
@@ -67,6 +74,14 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token:
             return None
         return found
+
+
+def authorization_of(headers: Any) -> str:
+    """The `Authorization` header, or Anthropic's `x-api-key` as a bearer token."""
+    authorization = headers.get("authorization", "")
+    if not authorization and headers.get("x-api-key"):
+        authorization = "Bearer " + headers["x-api-key"]
+    return authorization
 
 
 class Redactor:
@@ -91,6 +106,8 @@ def secrets_of(config: Config) -> list[str]:
     found = list(server.api_keys)
     for entry in server.keys:
         found.append(entry.key if entry.key is not None else os.environ.get(entry.key_env or "", "").strip())
+    if server.state and urlsplit(server.state).password:
+        found.append(unquote(urlsplit(server.state).password or ""))
     for backend in config.backends:
         key = backend.options.get("api_key")
         if isinstance(key, str):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gateway import schemas as S
+from gateway.accounting import RequestAccounting
 from gateway.service import Gateway
 from gateway.serving import Served, collect_events, open_events, stream_body
 from gateway.sse import DONE, ChunkEncoder, chat_logprobs_json, error_event
@@ -24,9 +25,9 @@ def response_id(spec: RequestSpec) -> str:
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec) -> Served:
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
     """The request started (see `serving.open_events`); returns the SSE body."""
-    opened = await open_events(gateway, spec)
+    opened = await open_events(gateway, spec, accounting=accounting)
     encoder = ChunkEncoder(
         id=response_id(spec),
         created=int(time.time()),
@@ -164,9 +165,9 @@ class _Choices:
                 raise UpstreamError(f"Backend `{backend}` ended without finishing choice {i}.", kind="bad_gateway")
 
 
-async def collect(gateway: Gateway, spec: RequestSpec) -> Served:
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
     """Run the request to its end (see `serving.collect_events`) and build the response object."""
-    sink, usage, backend = await collect_events(gateway, spec, lambda: _Choices(spec.sampling.n))
+    sink, usage, backend = await collect_events(gateway, spec, lambda: _Choices(spec.sampling.n), accounting=accounting)
     return Served(body=_build_response(gateway, spec, sink.choices, usage), backend=backend)
 
 

@@ -1,4 +1,4 @@
-"""`switchyard` command line: serve, check-config, models fetch, ab-report."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage."""
 
 from __future__ import annotations
 
@@ -52,11 +52,13 @@ def _serve(args: argparse.Namespace) -> int:
 def _validate(config: Config) -> None:
     from gateway.config import resolve_backend_options
     from gateway.service import validate_routes
+    from gateway.telemetry import check_telemetry
     from plugins.manager import backend_types, build_plugin_manager
 
     pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
     resolve_backend_options(config, backend_types(pm))
     validate_routes(config, pm)
+    check_telemetry(config)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -132,6 +134,25 @@ def format_renders(body: dict) -> str:
     return "\n".join(lines)
 
 
+def _keys_usage(args: argparse.Namespace) -> int:
+    import json
+
+    import httpx
+
+    from gateway.config import load_config
+    from gateway.keys.store import StateStoreError
+    from gateway.keys.usage import format_report, read_report
+
+    config = load_config(args.config)
+    try:
+        body = read_report(config, args.url)
+    except (StateStoreError, httpx.HTTPError) as exc:
+        print(f"switchyard keys usage: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(body, indent=2) if args.json else format_report(body))
+    return 0
+
+
 def _engines(args: argparse.Namespace) -> int:
     from engines.install import main as install_main
 
@@ -172,10 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--api-key", default=None)
     render.set_defaults(func=_render)
 
+    keys = sub.add_parser("keys", help="client keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    usage = keys_sub.add_parser("usage", help="each key's usage of its limits (from Redis, or from the running gateway)")
+    usage.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
+    usage.add_argument("--url", default=None, help="the gateway to ask when state is in-process (default: server.host:port)")
+    usage.add_argument("--json", action="store_true", help="print the JSON report")
+    usage.set_defaults(func=_keys_usage)
+
     engines = sub.add_parser("engines", help="install the real engines the proxy backends can start")
     engines_sub = engines.add_subparsers(dest="engines_command", required=True)
     install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
-    install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "all", "status"))
+    install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
     install.set_defaults(func=_engines)
 
     models = sub.add_parser("models", help="manage bundled models")

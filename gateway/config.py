@@ -27,12 +27,23 @@ class _Config(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class KeyConfig(_Config):
     """`[[server.keys]]`: one client API key, written here (`key`) or, better, named by the
-    environment variable that holds it (`key_env`), and the routes (model names) it may use."""
+    environment variable that holds it (`key_env`), the routes (model names) it may use, and
+    its limits (gateway/keys: enforced per key, across workers and replicas with a shared
+    `server.state`)."""
 
     name: str | None = None  # a label for logs; never the key. Default: `keys[i]`
     key: Annotated[str, Meta(min_length=1)] | None = None
     key_env: Annotated[str, Meta(min_length=1)] | None = None
     routes: list[str] | None = None  # None: every route; a list: only these model/route names
+    rpm: Annotated[int, Meta(ge=1)] | None = None  # requests per minute
+    tpm: Annotated[int, Meta(ge=1)] | None = None  # prompt + completion tokens per minute
+    max_parallel: Annotated[int, Meta(ge=1)] | None = None  # requests in flight at once
+    budget_tokens: Annotated[int, Meta(ge=1)] | None = None  # tokens per `budget_period`
+    budget_period: Literal["day", "month"] | None = None  # calendar day (default) or month, UTC
+
+    @property
+    def has_limits(self) -> bool:
+        return any(v is not None for v in (self.rpm, self.tpm, self.max_parallel, self.budget_tokens))
 
     def __repr__(self) -> str:  # never show a key
         return f"KeyConfig(name={self.name!r}, key={'***' if self.key else None}, key_env={self.key_env!r}, routes={self.routes!r})"
@@ -75,10 +86,17 @@ class ServerConfig(_Config):
     # failing with an upstream error), half-open probe after the cool-down
     breaker_failures: Annotated[int, Meta(ge=1)] = 3
     breaker_cooldown_s: Annotated[float, Meta(ge=0.0)] = 15.0
+    # where per-key limits keep their counts: None in this process, or "redis://host:port/db"
+    # (shared by every worker and replica); what to do when that store cannot be reached
+    state: Annotated[str, Meta(pattern=r"^rediss?://")] | None = None
+    on_state_error: Literal["allow", "deny"] = "allow"
+    state_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
         shown["api_keys"] = ["***"] * len(self.api_keys)
+        if self.state:
+            shown["state"] = re.sub(r"//[^@/]*@", "//***@", self.state)
         return f"ServerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 
@@ -135,10 +153,19 @@ class RouteConfig(_Config):
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
 
 
+class TelemetryConfig(_Config):
+    """`[telemetry]`: OpenTelemetry traces (gateway/telemetry.py), off unless `otlp_endpoint` is set."""
+
+    otlp_endpoint: Annotated[str, Meta(pattern=r"^https?://")] | None = None  # OTLP/HTTP (protobuf)
+    service_name: Annotated[str, Meta(min_length=1)] = "switchyard"
+    sample_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0  # of the traces this gateway starts
+
+
 class Config(_Config):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     responses: StoreConfig = msgspec.field(default_factory=StoreConfig)  # the Responses API's store
     plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     backends: list[BackendConfig] = []
     routes: list[RouteConfig] = []
     source: str = "<defaults>"  # where it was read from; not a TOML key
@@ -242,11 +269,22 @@ def _check_output_caps(config: Config, source: str) -> None:
 
 def _check_keys(config: Config, source: str) -> None:
     """Each `[[server.keys]]` names its key exactly once, and a `key_env` is set (the message
-    names the variable, never a value)."""
+    names the variable, never a value). A key with limits has a name of its own: its counts are
+    kept under that name, shared by every replica."""
+    names: set[str] = set()
     for i, entry in enumerate(config.server.keys):
         where = f"server.keys[{i}]"
         if (entry.key is None) == (entry.key_env is None):
             raise ConfigError(f"{source}: set exactly one of `key` and `key_env` at `{where}`", param=where)
+        if entry.has_limits and not entry.name:
+            raise ConfigError(f"{source}: a key with limits needs a `name` (its usage is counted under it) at `{where}.name`",
+                              param=f"{where}.name")
+        if entry.budget_period is not None and entry.budget_tokens is None:
+            raise ConfigError(f"{source}: `budget_period` needs `budget_tokens` at `{where}.budget_period`",
+                              param=f"{where}.budget_period")
+        if entry.name and entry.name in names:
+            raise ConfigError(f"{source}: duplicate key name {entry.name!r} at `{where}.name`", param=f"{where}.name")
+        names.add(entry.name or "")
         if entry.key_env is not None and not os.environ.get(entry.key_env, "").strip():
             raise ConfigError(
                 f"{source}: the environment variable {entry.key_env!r} named at `{where}.key_env` is not set",

@@ -1,7 +1,9 @@
 """The one table that turns `plugins.errors` into HTTP: status, OpenAI error type, headers.
 
 Everything the gateway answers with an error goes through `error_payload`, whether as a JSON
-response or as a `data: {"error": ...}` event inside a stream that has already begun.
+response or as a `data: {"error": ...}` event inside a stream that has already begun. On
+Anthropic's paths (`/v1/messages...`) the same status goes out in Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}` (`gateway.messages_api.errors`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from litestar.exceptions import HTTPException, NotFoundException
 from litestar.exceptions import MethodNotAllowedException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from gateway import messages_api
+from gateway.keys import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from gateway.limits import DeadlineExceeded, ShuttingDown
+from gateway.messages_api.errors import error_response as anthropic_error
 from gateway.schemas import ErrorBody, ErrorResponse
 from plugins import errors as E
 
@@ -32,6 +37,8 @@ ERROR_TABLE: dict[type[E.SwitchyardError], tuple[int, str]] = {
     E.NotFound: (404, "not_found_error"),
     E.RequestTooLarge: (413, "invalid_request_error"),
     E.Overloaded: (429, "rate_limit_error"),
+    BudgetExhausted: (429, "insufficient_quota"),
+    StateUnavailable: (503, "service_unavailable_error"),
     ShuttingDown: (503, "service_unavailable_error"),
     DeadlineExceeded: (504, "timeout_error"),
     E.ConfigError: (500, "server_error"),
@@ -124,6 +131,13 @@ def _redactor(request: Request) -> Callable[[str], str] | None:
     return None if gateway is None else gateway.redact
 
 
+def _body(request: Request, status: int, payload: ErrorResponse) -> bytes:
+    """The error object in the shape of the API the request spoke."""
+    if request.url.path.startswith(messages_api.PATH_PREFIX):
+        return msgspec.json.encode(anthropic_error(status, payload.error.message))
+    return msgspec.json.encode(payload)
+
+
 def _response(error: E.SwitchyardError, request: Request, status: int | None = None) -> Response:
     code, payload = error_payload(error, _redactor(request))
     _count(request, payload.error.type)
@@ -131,11 +145,13 @@ def _response(error: E.SwitchyardError, request: Request, status: int | None = N
     headers = {"x-request-id": request_id_of(request)}
     if isinstance(error, E.Overloaded) and error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, round(error.retry_after_s)))
+    if isinstance(error, KeyLimitExceeded):
+        headers.update(error.headers)
     if isinstance(error, E.AuthenticationFailed):
         headers["www-authenticate"] = "Bearer"
     if isinstance(error, ShuttingDown):
         headers["connection"] = "close"
-    return Response(content=msgspec.json.encode(payload), status_code=status, media_type="application/json", headers=headers)
+    return Response(content=_body(request, status, payload), status_code=status, media_type="application/json", headers=headers)
 
 
 def handle_switchyard_error(request: Request, exc: E.SwitchyardError) -> Response:
@@ -165,7 +181,8 @@ def handle_internal_error(request: Request, exc: Exception) -> Response:
     error = E.SwitchyardError(f"Internal server error (request id {request_id}).")
     status, payload = error_payload(error)
     _count(request, payload.error.type)
-    return Response(content=msgspec.json.encode(payload), status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type="application/json", headers={"x-request-id": request_id})
+    body = _body(request, HTTP_500_INTERNAL_SERVER_ERROR, payload)
+    return Response(content=body, status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type="application/json", headers={"x-request-id": request_id})
 
 
 EXCEPTION_HANDLERS = {

@@ -15,12 +15,14 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
+from gateway.accounting import RequestAccounting, open_accounting
 from gateway.auth import ClientKey
 from gateway.errors import from_decode_error
-from gateway.service import Gateway
+from gateway.keys import TokenCost
+from gateway.service import Gateway, Resolved
 from gateway.serving import Served
-from plugins.errors import InvalidRequest, PermissionDenied
-from plugins.protocol import RequestSpec
+from plugins.errors import InvalidRequest, NotFound, PermissionDenied
+from plugins.protocol import RequestSpec, SamplingParams
 
 T = TypeVar("T")
 B = TypeVar("B", bound=msgspec.Struct)
@@ -62,20 +64,57 @@ async def decode_body(request: Request, struct: type[B]) -> B:
         raise from_decode_error(exc) from None
 
 
-async def serve(request: Request, gateway: Gateway, spec: RequestSpec,
-                open_stream: Callable[[Gateway, RequestSpec], Awaitable[Served]],
-                collect: Callable[[Gateway, RequestSpec], Awaitable[Served]]) -> Response:
-    """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON)."""
+def resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) -> Resolved:
+    """The target a request that generates nothing (tokenize, count tokens) goes to: `model`'s
+    route's first pick, or the first route the key may use when `model` is None."""
+    key: ClientKey | None = request.state.client_key
+    name = model or next((r for r in gateway.routes if key is None or key.may_use(r)), None)
+    if name is None:
+        raise NotFound("No models are served.")
+    authorize(request, name)
+    request_id = request.state.request_id
+    probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=SamplingParams())
+    return gateway.resolve(probe)
+
+
+OpenServed = Callable[[Gateway, RequestSpec, RequestAccounting | None], Awaitable[Served]]
+
+
+async def serve(request: Request, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed, collect: OpenServed) -> Response:
+    """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON), under the
+    client key's limits and in the request's trace (`accounting`, passed on to `serving`)."""
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
     spec = gateway.with_routing_keys(spec, request.headers)
-    served = await unless_disconnected(request.receive, (open_stream if spec.stream else collect)(gateway, spec))
+    opened = open_stream if spec.stream else collect
+    served, limit_headers = await accounted(request, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
     if served is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
-    headers = response_headers(request, served.backend)
+    headers = {**response_headers(request, served.backend), **limit_headers}
     if spec.stream:
         return SSEStream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
     return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
+
+
+async def accounted(request: Request, gateway: Gateway, spec: RequestSpec,
+                    work: Callable[[RequestAccounting | None], Awaitable[T]],
+                    cost: TokenCost | None = None) -> tuple[T | None, dict[str, str]]:
+    """`work` run under the client key's limits and in the request's trace (`cost`: see
+    `open_accounting`), cancelled if the client goes away (None then); with the `x-ratelimit-*`
+    headers for the response."""
+    key: ClientKey | None = request.state.client_key
+    accounting = await open_accounting(gateway, spec, request.headers, key and key.limits, key and key.name, cost)
+    try:
+        done = await unless_disconnected(request.receive, work(accounting))
+    except BaseException as exc:
+        if accounting is not None:
+            accounting.finish(exc)  # a failure before serving took the request over (else a no-op)
+        raise
+    if accounting is None:
+        return done, {}
+    if done is None:
+        accounting.finish(asyncio.CancelledError())
+    return done, accounting.headers
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:

@@ -19,15 +19,24 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
+from gateway import embeddings_api as E
+from gateway import messages_api
 from gateway import schemas as S
+from gateway.messages_api import schemas as M
 from gateway.responses_api import schemas as R
 
 REF = "#/components/schemas/{name}"
+# Anthropic's structs are named as Anthropic names them (`Tool`, `ErrorResponse`...): in the
+# document they carry this prefix, apart from OpenAI's of the same name
+ANTHROPIC = "Anthropic"
 
 # (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event)
 SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/chat/completions", "post"): {"application/json": S.ChatCompletion, "text/event-stream": S.ChatCompletionChunk},
     ("/v1/completions", "post"): {"application/json": S.Completion, "text/event-stream": S.CompletionChunk},
+    ("/v1/messages", "post"): {"application/json": M.MessageResponse, "text/event-stream": M.StreamEvent},
+    ("/v1/messages/count_tokens", "post"): {"application/json": M.TokenCount},
+    ("/v1/embeddings", "post"): {"application/json": E.EmbeddingsResponse},
     ("/v1/responses", "post"): {"application/json": R.Response, "text/event-stream": R.StreamEvent},
     ("/v1/responses/{response_id}", "get"): {"application/json": R.Response},
     ("/v1/responses/{response_id}", "delete"): {"application/json": R.DeletedResponse},
@@ -45,6 +54,9 @@ SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("/v1/chat/completions", "post"): S.ChatCompletionRequest,
     ("/v1/completions", "post"): S.CompletionRequest,
+    ("/v1/messages", "post"): M.MessagesRequest,
+    ("/v1/messages/count_tokens", "post"): M.CountTokensRequest,
+    ("/v1/embeddings", "post"): E.EmbeddingsRequest,
     ("/v1/responses", "post"): R.ResponsesRequest,
     ("/tokenize", "post"): S.TokenizeBody,
     ("/detokenize", "post"): S.DetokenizeBody,
@@ -67,6 +79,25 @@ ERRORS = {
     "504": "The upstream sent nothing in time, or the request passed its deadline.",
 }
 OPEN_PATHS = {("/health", "get"), ("/metrics", "get")}  # no auth, no errors of their own
+
+
+def _name(struct: Any) -> str:
+    """A struct's name in the document."""
+    return ANTHROPIC + struct.__name__ if struct.__module__ == M.__name__ else struct.__name__
+
+
+def _anthropic_stream_event() -> dict[str, Any]:
+    """One SSE event of a Messages stream: `event` names its type, `data` is the event as JSON."""
+    names = [m.__struct_config__.tag for m in M.StreamEvent.__args__]
+    payload = {"anyOf": [{"$ref": REF.format(name=_name(m))} for m in M.StreamEvent.__args__]}
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"type": "string", "enum": names},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
+        },
+    }
 
 
 def _stream_event(chunk: type) -> dict[str, Any]:
@@ -99,14 +130,28 @@ def _typed_stream_event() -> dict[str, Any]:
 
 
 def components() -> dict[str, Any]:
-    structs: list[Any] = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent]
+    structs: list[Any] = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
+                          M.ErrorResponse]
     structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
-    _, defs = msgspec.json.schema_components(list(dict.fromkeys(structs)), ref_template=REF)
+    structs += list(M.StreamEvent.__args__)
+    structs = list(dict.fromkeys(structs))
+    anthropic = [t for t in structs if t.__module__ == M.__name__]
+    _, defs = msgspec.json.schema_components([t for t in structs if t not in anthropic], ref_template=REF)
+    _, anthropic_defs = msgspec.json.schema_components(anthropic, ref_template=REF.format(name=ANTHROPIC + "{name}"))
+    defs.update({ANTHROPIC + name: schema for name, schema in anthropic_defs.items()})
     for schema in defs.values():
         for prop in schema.get("properties", {}).values():
             _hoist_bounds(prop)
     _loosen_lone_tags(defs)
     return defs
+
+
+def _struct_named(name: str) -> type | None:
+    if name.startswith(ANTHROPIC):
+        cls = getattr(M, name[len(ANTHROPIC):], None)
+    else:
+        cls = getattr(S, name, None) or getattr(E, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, msgspec.Struct) else None
 
 
 def _loosen_lone_tags(defs: dict[str, Any]) -> None:
@@ -115,14 +160,15 @@ def _loosen_lone_tags(defs: dict[str, Any]) -> None:
     system, developer or tool message) decodes without it. Say so: such places refer to a copy
     of the struct's schema (`<Name>Untagged`) in which the tag is optional."""
     for owner in list(defs):
-        cls = getattr(S, owner, None)
-        if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+        cls = _struct_named(owner)
+        if cls is None:
             continue
         for field in msgspec.inspect.type_info(cls).fields:
             lone = _lone_tagged_items(field.type)
             if lone is None:
                 continue
             name, tag_field = lone
+            name = ANTHROPIC + name if owner.startswith(ANTHROPIC) else name
             loose = f"{name}Untagged"
             if loose not in defs:
                 defs[loose] = copy.deepcopy(defs[name])
@@ -175,10 +221,11 @@ def patch_document(document: dict[str, Any]) -> dict[str, Any]:
     doc = copy.deepcopy(document)
     doc.setdefault("components", {})["schemas"] = components()
     doc["components"]["responses"] = {
-        "Error" + status: {
+        prefix + "Error" + status: {
             "description": why,
-            "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}},
+            "content": {"application/json": {"schema": {"$ref": REF.format(name=prefix + "ErrorResponse")}}},
         }
+        for prefix in ("", ANTHROPIC)
         for status, why in ERRORS.items()
     }
     for path, item in doc.get("paths", {}).items():
@@ -188,7 +235,7 @@ def patch_document(document: dict[str, Any]) -> dict[str, Any]:
             operation["responses"] = _responses(path, method)
             body = REQUEST_BODIES.get((path, method))
             if body is not None:
-                ref = {"$ref": REF.format(name=body.__name__)}
+                ref = {"$ref": REF.format(name=_name(body))}
                 operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
     return doc
 
@@ -202,18 +249,21 @@ def _responses(path: str, method: str) -> dict[str, Any]:
             content[media] = {"schema": {}}
         elif struct is R.StreamEvent:
             content[media] = {"schema": _typed_stream_event()}
+        elif struct is M.StreamEvent:
+            content[media] = {"schema": _anthropic_stream_event()}
         elif media == "text/event-stream":
             content[media] = {"schema": _stream_event(struct)}
         else:
-            content[media] = {"schema": {"$ref": REF.format(name=struct.__name__)}}
+            content[media] = {"schema": {"$ref": REF.format(name=_name(struct))}}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
     if (path, method) in OPEN_PATHS:
         return responses
     if (path, method) == ("/ready", "get"):
         responses["503"] = {"description": "No backend is ready, or the server is draining.", "content": content}
         return responses
+    prefix = ANTHROPIC if path.startswith(messages_api.PATH_PREFIX) else ""
     for status in ERRORS:
-        responses[status] = {"$ref": f"#/components/responses/Error{status}"}
+        responses[status] = {"$ref": f"#/components/responses/{prefix}Error{status}"}
     return responses
 
 

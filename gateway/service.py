@@ -20,11 +20,13 @@ from typing import Any
 import msgspec
 import pluggy
 
-from gateway.auth import Redactor
+from gateway.auth import Redactor, authorization_of
 from gateway.config import Config, ShadowConfig, resolve_backend_options
+from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics
 from gateway.request_log import Attempt, RequestLog, RequestRecord
+from gateway.telemetry import Telemetry, build_telemetry
 from gateway.validation import check_capabilities
 from plugins import routing
 from plugins.errors import ConfigError, ModelNotFound, Overloaded, SwitchyardError, UpstreamError
@@ -149,6 +151,8 @@ class Gateway:
     limiters: dict[str, BackendLimiter] = field(init=False, default_factory=dict)  # backends with `max_concurrent`
     redact: Redactor = field(init=False)  # scrubs every known secret from error messages
     draining: bool = field(init=False, default=False)  # SIGTERM came: no new requests
+    key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
+    telemetry: Telemetry | None = field(init=False, default=None)  # None: tracing off
     _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
     _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
@@ -158,6 +162,8 @@ class Gateway:
         self._in_flight_view = MappingProxyType(self.in_flight)
         server = self.config.server
         self.redact = Redactor.from_config(self.config)
+        self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
+        self.telemetry = build_telemetry(self.config)
         for cfg in self.config.backends:
             if cfg.max_concurrent is not None and cfg.name in self.backends:
                 self.limiters[cfg.name] = BackendLimiter(
@@ -212,6 +218,7 @@ class Gateway:
         self.health.start()
         if self.request_log is not None:
             await self.request_log.start()
+        await self.key_limiter.start()
 
     async def refresh_models(self) -> None:
         """Every backend model not named by a route is served under its own id."""
@@ -237,6 +244,9 @@ class Gateway:
                 log.warning("closing a backend failed: %r", result)
         if self.request_log is not None:
             await self.request_log.close()
+        await self.key_limiter.close()
+        if self.telemetry is not None:
+            await asyncio.to_thread(self.telemetry.shutdown)
 
     def model_card(self, name: str) -> tuple[Route, int | None]:
         route = self.routes.get(name)
@@ -294,7 +304,7 @@ class Gateway:
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
         copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
-        keys on `api_key`. Credentials themselves are never copied."""
+        keys on `api_key` (or on Anthropic's `x-api-key`). Credentials themselves are never copied."""
         plan = self.plans.get(spec.model)
         if plan is None or not (plan.key_headers or plan.key_api_key):
             return spec
@@ -304,7 +314,7 @@ class Gateway:
             if value:
                 copied[name] = value
         if plan.key_api_key:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
+            scheme, _, token = authorization_of(headers).partition(" ")
             token = token.strip()
             if scheme.lower() == "bearer" and token:
                 copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
+from gateway.accounting import RequestAccounting
 from gateway.errors import error_payload
 from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
@@ -67,6 +68,7 @@ class Observed:
     deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
     slot: BackendLimiter | None = None  # the backend slot the current attempt holds
     on_pump: Callable[[EventPump], None] | None = None  # told each attempt's pump (to interrupt it: cancel)
+    accounting: RequestAccounting | None = None  # the key's reservation and the trace, when on
 
     def __post_init__(self) -> None:
         self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
@@ -90,6 +92,8 @@ class Observed:
                 self.attempts.append(Attempt(backend=resolved.target.backend, outcome="unsupported"))
                 continue
             gateway.pm.hook.switchyard_on_request(spec=spec, backend=resolved.backend)
+            if self.accounting is not None:
+                spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
                 gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
@@ -142,6 +146,8 @@ class Observed:
             return False
         assert self.resolved is not None
         self._leave()
+        if self.accounting is not None:
+            self.accounting.on_attempt_failed(error)
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error
@@ -191,6 +197,8 @@ class Observed:
         self.gateway.pm.hook.switchyard_on_response(
             spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings
         )
+        if self.accounting is not None:
+            self.accounting.finish(error, usage=self.usage, resolved=resolved, spec=spec, timings=timings)
 
 
 
@@ -233,13 +241,15 @@ class Opened:
         return self.observed.resolved.backend.name  # type: ignore[union-attr]
 
 
-async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[EventPump], None] | None = None) -> Opened:
+async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[EventPump], None] | None = None,
+                      accounting: RequestAccounting | None = None) -> Opened:
     """Start a backend and wait for its first events, so that a failure before any token
     (context too long, upstream down) is still answered with a real HTTP status — and, on a
     route that allows more attempts, tried on the next target instead. Nothing has gone to
-    the client before this returns; after it, nothing is retried."""
+    the client before this returns; after it, nothing is retried. `accounting`: the request's
+    key reservation and trace (`gateway.accounting.open_accounting`), told of every step."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan, on_pump=on_pump)
+    observed = Observed(gateway, spec, plan, on_pump=on_pump, accounting=accounting)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -272,6 +282,8 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
         while batch is not None:
             if any(is_token_event(e) for e in batch):
                 observed.timer.mark_tokens()
+            if observed.accounting is not None:
+                observed.accounting.on_events(batch)
             for event in batch:
                 if isinstance(event, Usage):
                     usage = event
@@ -296,12 +308,13 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
 
 
 async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable[[], Any],
-                         on_pump: Callable[[EventPump], None] | None = None) -> tuple[Any, Usage, str]:
+                         on_pump: Callable[[EventPump], None] | None = None,
+                         accounting: RequestAccounting | None = None) -> tuple[Any, Usage, str]:
     """Run the request to its end into a fresh `new_sink()` per attempt. A failure before the
     backend's first event is tried on the next target when the route allows more attempts.
     Returns the sink, the usage and the backend that served."""
     plan = gateway.plan(spec.model)
-    observed = Observed(gateway, spec, plan, on_pump=on_pump)
+    observed = Observed(gateway, spec, plan, on_pump=on_pump, accounting=accounting)
     while True:
         resolved = observed.next_attempt()
         if resolved is None:
@@ -321,6 +334,8 @@ async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable
                     observed.committed()
                 if any(is_token_event(e) for e in batch):
                     observed.timer.mark_tokens()
+                if observed.accounting is not None:
+                    observed.accounting.on_events(batch)
                 for event in batch:
                     if isinstance(event, Usage):
                         observed.usage = event

@@ -166,6 +166,8 @@ def check_capabilities(spec: RequestSpec, caps: Capabilities, backend: str) -> N
         raise _fail(f"`n` is {spec.sampling.n}; backend `{backend}` serves at most {caps.max_n}.", "n")
     if spec.kind == "completion" and not caps.supports_completions:
         raise _fail(f"Backend `{backend}` does not serve /v1/completions.", "model")
+    if spec.kind == "embedding" and not caps.supports_embeddings:
+        raise _fail(f"Backend `{backend}` does not serve embeddings (/v1/embeddings).", "model")
 
 
 def _stop(stop: S.Stop | None) -> tuple[str, ...]:

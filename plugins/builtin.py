@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import msgspec
 
 from plugins import hookimpl
+from plugins.builtin_embeddings import EmbeddingOptions, allowed_dimensions
+from plugins.builtin_embeddings import embed as embed_with_engine
 from plugins.errors import (
     ConfigError,
     ContextLengthExceeded,
@@ -43,6 +45,8 @@ from plugins.errors import (
 )
 from plugins.protocol import (
     Capabilities,
+    EmbedRequest,
+    EmbedResult,
     Event,
     Finish,
     ModelInfo,
@@ -147,6 +151,8 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "How tool calls are read from the model's output under tool_choice 'auto': 'hermes' "
         "(<tool_call>{json}</tool_call>), 'llama3_json' (Llama 3.1 JSON calls), 'auto' (from the chat "
         "template's text), 'none' (requests with tools are refused).")] = "auto"
+    embeddings: Annotated[EmbeddingOptions, _doc("How /v1/embeddings pools the model's hidden states "
+                                                 "(see plugins.builtin_embeddings).")] = EmbeddingOptions()
     reasoning_parser: Annotated[Literal["auto", "deepseek_r1", "none"], _doc(
         "How the model's thinking is split from its answer: 'deepseek_r1' (everything up to </think> is "
         "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"
@@ -185,6 +191,7 @@ class BuiltinBackend:
         self._templates: dict[str, ChatTemplate] = {}  # per-request overrides, compiled once
         self._token_text: dict[int, tuple[str, list[int]]] = {}
         self._grammar_compiler: GrammarCompiler | None = None  # built on the first structured request
+        self.matryoshka: frozenset[int] | Literal["any"] | None = None  # the `dimensions` embeddings allow
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -232,6 +239,7 @@ class BuiltinBackend:
                 raise ConfigError(f"{where} chat_template: {exc}") from exc
             self._chat_template_error = str(exc)  # completions still work; chat requests get a 400
         self.tokenizer = tokenizer
+        self.matryoshka = allowed_dimensions(model_dir, o.embeddings)
         engine.start()
         self.engine = engine
         _log.info("backend %r serves %s on %s", self.name, self.served_model_name, engine.placement.describe())
@@ -255,6 +263,7 @@ class BuiltinBackend:
             supports_response_format=True,
             supports_logprobs=True,
             supports_completions=True,
+            supports_embeddings=True,
         )
 
     async def models(self) -> list[ModelInfo]:
@@ -289,7 +298,8 @@ class BuiltinBackend:
                     if event is not None:
                         events.append(event)
                     if choice.finish_reason is not None:
-                        events.append(Finish(reason=choice.finish_reason, index=choice.index))
+                        events.append(Finish(reason=choice.finish_reason, index=choice.index,
+                                             stop_sequence=_stop_string(choice.stop_reason)))
                 if output.finished or spec.continuous_usage_stats:
                     events.append(Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
                                         cached_tokens=output.num_cached_tokens))
@@ -304,6 +314,9 @@ class BuiltinBackend:
         finally:
             if not handle.finished:
                 engine.abort(handle.request_id)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        return await embed_with_engine(self, request)
 
     def _reasoning_splitter(self, spec: RequestSpec, prompt_text: str | None) -> ReasoningSplitter | None:
         if spec.kind != "chat":
@@ -370,7 +383,7 @@ class BuiltinBackend:
             reason = choice.finish_reason
             if reason == "stop" and parser.num_calls and parser.calls_finish_as_tool_calls:
                 reason = "tool_calls"
-            events.append(Finish(reason=reason, index=choice.index))
+            events.append(Finish(reason=reason, index=choice.index, stop_sequence=_stop_string(choice.stop_reason)))
         return events
 
     def _logprob(self, lp: TokenLogprobs) -> TokenLogprob:
@@ -533,6 +546,11 @@ class BuiltinBackend:
         if self.engine is None:
             raise UpstreamError(f"backend {self.name!r} is not started", kind="unavailable")
         return self.engine
+
+
+def _stop_string(stop_reason: str | int | None) -> str | None:
+    """The stop string that ended a choice (a stop token id is none)."""
+    return stop_reason if isinstance(stop_reason, str) else None
 
 
 def _engine_params(spec: RequestSpec, grammar: Grammar | None = None) -> Any:

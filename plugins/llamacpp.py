@@ -20,6 +20,8 @@ What differs from the generic proxy:
   sending. `n` is at most 1 (`Capabilities.max_n`).
 - `cached_tokens`: `usage.prompt_tokens_details.cached_tokens`, else `timings.cache_n`.
   `completion_tokens` counts the end-of-generation token.
+- With stop strings the request sets `verbose`, so that the final chunk's `__verbose.stopping_word`
+  tells which one matched (Anthropic's `stop_sequence`).
 - Catalogue: `/v1/models` for the name (the server's `--alias`), `/props`
   (`default_generation_settings.n_ctx`, the per-slot context = `-c` / `-np`) for max_model_len.
 - Tokens: `/apply-template` then `/tokenize` (chat), `/tokenize`, `/detokenize`.
@@ -97,6 +99,7 @@ class LlamaCppBackend(ProxyBackend):
     engine = "llama.cpp"
     extensions = LLAMACPP_EXTENSIONS
     max_n = 1
+    honours_dimensions = False
     options: LlamaCppOptions
 
     def __init__(self, name: str, options: LlamaCppOptions) -> None:
@@ -120,6 +123,7 @@ class LlamaCppBackend(ProxyBackend):
             port=cfg.port, ctx_size=cfg.ctx_size, parallel=cfg.parallel, threads=cfg.threads,
             api_key=self._api_key(), extra=cfg.extra_args, binary=Path(cfg.binary) if cfg.binary else None,
             log_dir=Path(cfg.log_dir) if cfg.log_dir else None, timeout=cfg.start_timeout_s,
+            embeddings=self.options.embeddings,
         )
         self.launched = server
         self._launched_url = server.base_url
@@ -153,6 +157,8 @@ class LlamaCppBackend(ProxyBackend):
         body["min_p"] = s.min_p
         body["repeat_penalty"] = s.repetition_penalty
         body.update(NEUTRAL_SAMPLERS)
+        if s.stop:
+            body["verbose"] = True  # its final chunk then names the stop string that matched
         if s.ignore_eos:
             body["ignore_eos"] = True
         if spec.structured_outputs is not None:

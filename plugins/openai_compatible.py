@@ -72,6 +72,7 @@ class OpenAICompatibleBackend(ProxyBackend):
             supports_response_format=self.options.response_format,
             supports_logprobs=self.options.logprobs,
             supports_completions=self.options.completions,
+            supports_embeddings=self.options.embeddings,
         )
 
     def _forward_extensions(self, body: dict[str, Any], spec: RequestSpec) -> dict[str, Any]:

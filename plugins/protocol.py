@@ -7,6 +7,10 @@ an async stream of events; the gateway alone turns events into bytes. Events per
     Finish(index, reason)           (exactly one per choice)
     Usage(...)                      (exactly one, last)
 
+Embeddings are no generation: a backend that serves them also has `embed(EmbedRequest) ->
+EmbedResult` (see `EmbeddingBackend`) and says so in `Capabilities.supports_embeddings`; the
+gateway answers a clear 400 for a backend without it.
+
 A failure is raised as a `plugins.errors.SwitchyardError` from the iterator, before or after the
 first event. Closing the iterator (`aclose()`) cancels the request: a backend frees what the
 request held (sequences, KV blocks, the upstream connection) in its `finally`.
@@ -74,11 +78,13 @@ class RequestSpec(msgspec.Struct, kw_only=True):
 
     `messages` are plain JSON-like dicts in OpenAI's shape (what chat templates and upstream
     servers consume). Exactly one of `messages` (kind "chat") and `prompt` (kind "completion")
-    is set. `extensions` names the extension fields the client actually sent.
+    is set. `extensions` names the extension fields the client actually sent. Kind "embedding"
+    carries neither: it routes and accounts an embeddings request, whose inputs go to the
+    backend's `embed()` in an `EmbedRequest`; `generate` never sees it.
     """
 
     request_id: str
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding"]
     model: str  # the name the client asked for
     upstream_model: str  # the name the backend knows the model by
     sampling: SamplingParams
@@ -100,7 +106,7 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     extensions: frozenset[str] = frozenset()
-    headers: dict[str, str] = {}  # selected client headers (routing keys); never auth headers
+    headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -148,8 +154,12 @@ class ToolCallDelta(msgspec.Struct, frozen=True, tag="tool_call"):
 
 
 class Finish(msgspec.Struct, frozen=True, tag="finish"):
+    """`stop_sequence`: the stop string that ended the choice (reason "stop"), when one did and
+    the backend can tell (Anthropic's `stop_reason: "stop_sequence"` needs it); else None."""
+
     reason: FinishReason
     index: int = 0
+    stop_sequence: str | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, tag="usage"):
@@ -176,6 +186,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     supports_response_format: bool = False
     supports_logprobs: bool = False
     supports_completions: bool = True
+    supports_embeddings: bool = False  # has `embed()` (see `EmbeddingBackend`)
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,6 +215,25 @@ class TokenizeResult(msgspec.Struct, kw_only=True):
     tokens: list[int]
     max_model_len: int | None = None
     token_strs: list[str] | None = None
+
+
+class EmbedRequest(msgspec.Struct, kw_only=True):
+    """Embed each of `inputs` (a text, or token ids) with `upstream_model`. `dimensions`: the
+    length the client wants (matryoshka truncation), None for the model's own; a backend whose
+    model cannot shorten its vectors raises `InvalidRequest(param="dimensions")`."""
+
+    request_id: str
+    upstream_model: str
+    inputs: list[str] | list[list[int]]
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class EmbedResult(msgspec.Struct, kw_only=True):
+    """One vector per input, in the inputs' order; `prompt_tokens` counts every input's tokens."""
+
+    embeddings: list[list[float]]
+    prompt_tokens: int
 
 
 class Rendered(msgspec.Struct, kw_only=True):
@@ -250,3 +280,12 @@ class Backend(Protocol):
         tell raise `InvalidRequest`."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EmbeddingBackend(Protocol):
+    """The optional method of a backend that serves `/v1/embeddings` (with
+    `Capabilities.supports_embeddings` True). Cancelling the call (the client went away) must
+    free what the request holds."""
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult: ...

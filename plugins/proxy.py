@@ -19,7 +19,8 @@ Design points:
   writes its own): only TextDelta / ToolCallDelta / Finish / Usage come out. Empty deltas are
   dropped. Tool calls come out in one shape whatever the upstream sent: a call's first delta
   carries its id and function name, later ones only argument text. `cached_tokens` comes from `usage.prompt_tokens_details.cached_tokens`, else from
-  llama.cpp's `timings.cache_n`.
+  llama.cpp's `timings.cache_n`. The stop string that ended a choice (`Finish.stop_sequence`)
+  comes from vLLM's `stop_reason` or llama.cpp's `__verbose.stopping_word`.
 - Every sampling value is sent explicitly (the gateway fills OpenAI defaults into
   `RequestSpec.sampling`), so a server's own defaults (llama.cpp: temperature 0.8, top_k 40,
   top_p 0.95, min_p 0.05; vLLM: the model's generation_config) never apply.
@@ -53,6 +54,8 @@ from plugins.errors import (
 from plugins.protocol import (
     EXTENSIONS,
     Capabilities,
+    EmbedRequest,
+    EmbedResult,
     Event,
     Finish,
     ModelInfo,
@@ -67,12 +70,14 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
+from plugins.proxy_embeddings import embed_upstream
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.sse_parser import SSEParser
 
 log = logging.getLogger("switchyard.proxy")
 
 MAX_ERROR_BODY = 1 << 20  # bytes of an upstream error body read before giving up on the rest
+TRACE_HEADERS = ("traceparent", "tracestate")  # sent on to the upstream when spec.headers has them
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
@@ -110,6 +115,7 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
       upstream lists, under its own name. Non-empty: serve exactly these names.
     - `max_model_len`: overrides what the upstream reports.
     - `headers`: extra headers sent upstream with every request.
+    - `embeddings`: the upstream serves `/v1/embeddings` (see `plugins.proxy_embeddings`).
     """
 
     base_url: str = ""
@@ -120,6 +126,7 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeouts: TimeoutOptions = TimeoutOptions()
     pool: PoolOptions = PoolOptions()
     headers: dict[str, str] = {}
+    embeddings: bool = False
     # also split `<think>` text out of the upstream's content (for a server that does not do
     # it itself); the upstream's own `reasoning` / `reasoning_content` fields are always read
     reasoning_parser: Literal["none", "deepseek_r1"] = "none"
@@ -264,6 +271,19 @@ def _logprobs(raw: Any) -> list[TokenLogprob] | None:
     return None
 
 
+def _stop_string(choice: dict, chunk: dict) -> str | None:
+    """The stop string that ended a choice: vLLM's `stop_reason` (a string; a stop token id is
+    an int), or llama.cpp's `__verbose.stopping_word` (sent when the request has `verbose`)."""
+    matched = choice.get("stop_reason")
+    if isinstance(matched, str) and matched:
+        return matched
+    verbose = chunk.get("__verbose")
+    if isinstance(verbose, dict) and verbose.get("stop_type") == "word":
+        word = verbose.get("stopping_word")
+        return word if isinstance(word, str) and word else None
+    return None
+
+
 def usage_from(raw: dict, timings: Any = None) -> Usage:
     details = raw.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -356,7 +376,8 @@ class StreamNormalizer:
                 parser = self.content_parsers.get(index)
                 if reason == "stop" and parser is not None and parser.num_calls and parser.calls_finish_as_tool_calls:
                     reason = "tool_calls"
-                events.append(Finish(reason=reason, index=index))  # type: ignore[arg-type]
+                stop_sequence = _stop_string(choice, obj) if reason == "stop" else None
+                events.append(Finish(reason=reason, index=index, stop_sequence=stop_sequence))  # type: ignore[arg-type]
                 self.finished.add(index)
         usage = obj.get("usage")
         if isinstance(usage, dict):
@@ -445,6 +466,7 @@ class ProxyBackend:
     max_n: ClassVar[int | None] = None
     health_path: ClassVar[str] = "/health"
     max_tokens_field: ClassVar[str] = "max_tokens"
+    honours_dimensions: ClassVar[bool] = True  # the upstream's /v1/embeddings takes `dimensions`
 
     def __init__(self, name: str, options: ProxyOptions) -> None:
         self.name = name
@@ -523,6 +545,7 @@ class ProxyBackend:
             supports_response_format=self.supports_response_format(),
             supports_logprobs=True,
             supports_completions=True,
+            supports_embeddings=self.options.embeddings,
         )
 
     def supports_tools(self) -> bool:
@@ -689,7 +712,11 @@ class ProxyBackend:
         return body
 
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
-        return {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
+        headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
+        for name in TRACE_HEADERS:  # W3C trace context the gateway's tracing put there
+            if name in spec.headers:
+                headers[name] = spec.headers[name]
+        return headers
 
     def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """`stream_upstream`, with `<think>` text split out of the content when the options say so."""
@@ -802,6 +829,9 @@ class ProxyBackend:
             if not chunks:
                 raise
         return b"".join(chunks)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        return await embed_upstream(self, request)
 
     # -- tokens ------------------------------------------------------------------------------
 

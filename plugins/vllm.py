@@ -104,6 +104,7 @@ class VLLMBackend(ProxyBackend):
             kv_cache_space_gib=cfg.kv_cache_space_gib, api_key=self._api_key(), extra=cfg.extra_args,
             python=Path(cfg.python) if cfg.python else None, env=cfg.env,
             log_dir=Path(cfg.log_dir) if cfg.log_dir else None, timeout=cfg.start_timeout_s,
+            embeddings=self.options.embeddings,
         )
         self.launched = server
         self._launched_url = server.base_url

@@ -82,7 +82,7 @@ async def create_response(request: Request, state: State) -> Response:
 
 
 def _bound(fn: Callable[..., Any], responses: service.ResponsesState, turn: service.Turn) -> Callable[..., Any]:
-    return lambda gateway, spec: fn(gateway, spec, responses, turn)
+    return lambda gateway, spec, accounting: fn(gateway, spec, responses, turn, accounting)
 
 
 @get("/v1/responses/{response_id:str}", summary="Retrieve a stored response.")

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.accounting import RequestAccounting
 from gateway.responses_api import schemas as R
 from gateway.responses_api.output import OutputBuilder, usage_body
 from gateway.responses_api.store import ResponseStore, StoredResponse
@@ -164,11 +165,12 @@ def _registered(state: ResponsesState, turn: Turn) -> InFlight:
     return entry
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn) -> Served:
+async def open_stream(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn,
+                      accounting: RequestAccounting | None = None) -> Served:
     entry = _registered(state, turn)
     writer = _StreamWriter(state, turn)
     try:
-        opened = await open_events(gateway, spec, on_pump=lambda pump: setattr(entry, "pump", pump))
+        opened = await open_events(gateway, spec, on_pump=lambda pump: setattr(entry, "pump", pump), accounting=accounting)
     except ResponseCancelled as exc:
         return Served(body=_cancelled_early(writer, exc), backend="")
     except BaseException:
@@ -199,7 +201,8 @@ async def _until_done(state: ResponsesState, turn: Turn, body: Any) -> Any:
         _forget(state, turn)  # when the client went away mid-stream
 
 
-async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn) -> Served:
+async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn,
+                  accounting: RequestAccounting | None = None) -> Served:
     entry = _registered(state, turn)
     builders: list[OutputBuilder] = []
 
@@ -208,7 +211,8 @@ async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, tu
         return builders[-1]
 
     try:
-        builder, usage, backend = await collect_events(gateway, spec, new_builder, on_pump=lambda pump: setattr(entry, "pump", pump))
+        builder, usage, backend = await collect_events(gateway, spec, new_builder, on_pump=lambda pump: setattr(entry, "pump", pump),
+                                                       accounting=accounting)
     except ResponseCancelled as exc:
         builder = builders[-1] if builders else OutputBuilder(stream=False)
         builder.close()

@@ -96,3 +96,15 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert len(report["first_divergence"]) == 8
     assert {(r["streams"], r["graphs"]) for r in report["throughput"]} == {(s, g) for s in (1, 2, 4) for g in (True, False)}
     assert all(r["tokens_per_s"] > 0 for r in report["throughput"])
+
+
+def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed; run `python -m engines.install redis`")
+    report = run_script("key_limits_overhead", tmp_path)
+    assert set(report["admission"]) == {"memory", "redis"}
+    assert {r["arm"] for r in report["cells"]} == {"off", "memory", "redis"}
+    for row in report["cells"]:
+        assert row["errors"] == 0 and row["requests"] > 0, row

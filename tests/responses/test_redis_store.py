@@ -3,42 +3,26 @@ installed by the project's setup: `python -m engines.install redis`)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.support.probes import wait_until
+from tests.support.redis_server import INSTALL_HINT, RedisServer, redis_installed
 from tests.support.server import echo_config, free_port, running_server
 
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed; run `python -m engines.install redis`")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not redis_installed():
+        pytest.skip(f"redis-server is not installed; run `{INSTALL_HINT}`")
+    server = RedisServer(tmp_path)
+    server.start()
     try:
-        import redis
-
-        client = redis.Redis(port=port)
-        assert wait_until(lambda: _pings(client), timeout=20)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def _pings(client: object) -> bool:
-    try:
-        return bool(client.ping())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
+        server.stop()
 
 
 def test_replicas_share_stored_responses(redis_url: str, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ A word `fault:<name>` in the prompt makes that request misbehave:
 | `echo_auth_event` | two chunks, then an error event quoting the `Authorization` header |
 
 `GET /_stats` tells what happened, seen from the upstream: the connections open now and, per
-request (keyed by its `x-request-id`), the fault, the `Authorization` header received, and the
+request (keyed by its `x-request-id`), the fault, the `Authorization` and `traceparent` headers received, and the
 outcome: `completed`, `client_closed` (the client hung up before the upstream was done: the
 request was cancelled) or `server_closed` (the upstream dropped it on purpose). `POST /_reset`
 forgets the requests.
@@ -53,6 +53,7 @@ class RequestRecord:
     path: str
     fault: str
     authorization: str
+    traceparent: str = ""  # the W3C trace context the gateway sent, if any
     started: float = field(default_factory=time.time)
     outcome: str = "running"
     ended: float | None = None
@@ -180,7 +181,9 @@ class Upstream:
         fault = match[1] if match else "ok"
         self.counter += 1
         rid = headers.get("x-request-id") or f"anon-{self.counter}"
-        record = self.requests[rid] = RequestRecord(id=rid, path=path, fault=fault, authorization=headers.get("authorization", ""))
+        record = self.requests[rid] = RequestRecord(
+            id=rid, path=path, fault=fault, authorization=headers.get("authorization", ""), traceparent=headers.get("traceparent", "")
+        )
         try:
             keep_alive = await self._fault(conn, fault, chat, words, body, headers)
         except ClientGone:

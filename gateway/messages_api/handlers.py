@@ -1,0 +1,53 @@
+"""The HTTP handlers of the Messages API, served through the shared machinery
+(`gateway.serving`, `gateway.http_common`) with its own stream writer and sink (`encode`)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
+
+from gateway.accounting import RequestAccounting
+from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.limits import cap_max_tokens, check_messages
+from gateway.messages_api import schemas as M
+from gateway.messages_api.encode import MessageSink, MessageStream
+from gateway.messages_api.translate import count_tokens_request, messages_spec
+from gateway.service import Gateway
+from gateway.serving import Served, collect_events, open_events, stream_body
+from plugins.protocol import RequestSpec
+
+
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+    opened = await open_events(gateway, spec, accounting=accounting)
+    return Served(body=stream_body(opened, MessageStream(spec)), backend=opened.backend)
+
+
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+    sink, usage, backend = await collect_events(gateway, spec, MessageSink, accounting=accounting)
+    return Served(body=sink.message(spec, usage), backend=backend)
+
+
+@post("/v1/messages", status_code=200, summary="Create a message (Anthropic Messages API).")
+async def create_message(request: Request, state: State) -> Response:
+    data = await decode_body(request, M.MessagesRequest)
+    gateway: Gateway = state.gateway
+    authorize(request, data.model)
+    check_messages(len(data.messages), gateway.config.server.max_messages)
+    spec = messages_spec(data, request_id=request.state.request_id)
+    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
+    return await serve(request, gateway, spec, open_stream, collect)
+
+
+@post("/v1/messages/count_tokens", status_code=200, summary="Count a message's input tokens (Anthropic Messages API).")
+async def count_tokens(request: Request, state: State) -> Response:
+    data = await decode_body(request, M.CountTokensRequest)
+    gateway: Gateway = state.gateway
+    check_messages(len(data.messages), gateway.config.server.max_messages)
+    resolved = resolve_for_tokens(request, gateway, data.model)
+    result = await resolved.backend.tokenize(count_tokens_request(data, upstream_model=resolved.target.model))
+    body = msgspec.json.encode(M.TokenCount(input_tokens=len(result.tokens)))
+    return Response(content=body, media_type="application/json", headers=response_headers(request, resolved.backend.name))
+
+
+HANDLERS = [create_message, count_tokens]
