@@ -10,7 +10,7 @@ PORT ?= 8000
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test setup model engines engines-status check-config bench bench-smoke clean-venv
+.PHONY: run test setup torch-cuda model engines engines-status check-config bench bench-smoke clean-venv
 
 run: setup model
 	$(PY) -m gateway.cli serve --config $(CONFIG) --host $(HOST) --port $(PORT)
@@ -18,7 +18,25 @@ run: setup model
 test: setup model engines
 	$(PY) -m pytest -q
 
-setup: $(STAMP)
+# With an NVIDIA GPU (`nvidia-smi -L` lists one) setup swaps the CPU build of torch that
+# pyproject.toml pins for the CUDA build of the same version, with triton, from TORCH_CUDA_INDEX
+# (PyPI's Linux torch wheels are CUDA builds; e.g. https://download.pytorch.org/whl/cu128 too).
+# TORCH_CUDA=0 keeps the CPU build; TORCH_CUDA=1 forces the swap.
+TORCH_CUDA ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
+TORCH_CUDA_INDEX ?= https://pypi.org/simple
+
+# The engine's hand-written CPU kernels (kernels/csrc) are compiled once per machine, torch and
+# source into ~/.cache/switchyard/kernels; quick when built, skipped without a C++ compiler.
+setup: $(STAMP) $(if $(filter 1,$(TORCH_CUDA)),torch-cuda)
+	$(PY) -m kernels.cpu_build
+
+torch-cuda: $(STAMP)
+	@if $(PY) -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then \
+		echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') is a CUDA build"; \
+	else \
+		$(PY) -m pip install --quiet --force-reinstall --index-url $(TORCH_CUDA_INDEX) \
+			"torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')" "triton==3.9.0"; \
+	fi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

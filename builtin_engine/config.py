@@ -11,7 +11,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    dtype: Literal["float32", "bfloat16"] = "float32"  # weights, activations, KV cache
+    # Where and how the engine runs, resolved at start-up by `builtin_engine.device`:
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"; auto: the first GPU torch sees, else the CPU
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # weights, activations, KV cache, lm_head;
+    # auto: bfloat16 on CUDA, float32 on the CPU
+    compile: bool | None = None  # the decode step as a prepared graph (CPU: torch.compile, CUDA: CUDA
+    # graphs); None: on for bfloat16 on the CPU and on CUDA
+    # Batch sizes CUDA graphs are captured for (a step pads to the next); None: 1, 2, 4, 8, then
+    # multiples of 8 up to max_num_seqs. The CPU graph takes any batch size of 2 or more.
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
     # Precision of the decoder layers' projections (q/k/v, o, gate/up, down); None: `dtype`.
     # "bfloat16" with dtype "float32" stores those matrices in bfloat16 and rounds their inputs and
     # outputs to it; embedding, norms, attention, residual stream, KV cache and lm_head (logits)
@@ -41,6 +49,11 @@ class EngineConfig:
             raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) is less than one block ({self.block_size})")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.cuda_graph_batch_sizes is not None and (not self.cuda_graph_batch_sizes
+                                                        or min(self.cuda_graph_batch_sizes) < 1):
+            raise ValueError(f"cuda_graph_batch_sizes must be positive sizes, got {self.cuda_graph_batch_sizes}")
         if self.dtype == "bfloat16" and self.matmul_dtype == "float32":
             raise ValueError("matmul_dtype float32 needs dtype float32 (bfloat16 weights gain nothing from it)")
 

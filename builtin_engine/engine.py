@@ -31,6 +31,8 @@ import torch
 from builtin_engine.block_manager import BlockManager
 from builtin_engine.config import EngineConfig, resolve_max_model_len
 from builtin_engine.cpu_threads import call_in_own_thread
+from builtin_engine.decode_graph import make_decode_graph
+from builtin_engine.device import Placement, resolve_placement
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.loader import load_weights, read_model_config
@@ -78,11 +80,16 @@ class LLMEngine:
         config: EngineConfig | None = None,
         eos_token_ids: Iterable[int] = (),
         detokenizer_factory: DetokenizerFactory | None = None,
+        placement: Placement | None = None,
     ) -> None:
         """`eos_token_ids` add to the model's (config.json, generation_config.json); without a
-        `detokenizer_factory` outputs carry token ids only and stop strings never match."""
+        `detokenizer_factory` outputs carry token ids only and stop strings never match.
+        `placement` (see `from_model_dir`) says whether the decode step is compiled or captured;
+        default: eager on the model's device. A compiled step is compiled and run here."""
         config = config or EngineConfig()
         self.config = config
+        self.placement = placement or Placement(device=model.device, dtype=str(model.dtype).removeprefix("torch."),
+                                                compile=False)  # type: ignore[arg-type]
         self.model_config = model.config
         self.max_model_len = resolve_max_model_len(model.config, config)
         self.eos_token_ids = frozenset(model.config.eos_token_ids) | frozenset(eos_token_ids)
@@ -94,7 +101,16 @@ class LLMEngine:
         kv_cache = KVCache.allocate(model.config, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                     dtype=model.dtype, device=model.device)
         sampler = Sampler(eos_token_ids=self.eos_token_ids, logprobs_mode=config.logprobs_mode)
-        self.runner = ModelRunner(model, kv_cache=kv_cache, block_size=config.block_size, sampler=sampler)
+        decode_graph = None
+        if self.placement.compile:
+            decode_graph = make_decode_graph(model, kv_cache, max_num_seqs=config.max_num_seqs,
+                                             max_model_len=self.max_model_len, block_size=config.block_size,
+                                             cuda_graph_sizes=config.cuda_graph_batch_sizes)
+            started = time.perf_counter()
+            decode_graph.warm_up()
+            _log.info("decode step prepared in %.1f s (%s)", time.perf_counter() - started, self.placement.describe())
+        self.runner = ModelRunner(model, kv_cache=kv_cache, block_size=config.block_size, sampler=sampler,
+                                  decode_graph=decode_graph)
         self.num_steps = 0
         self.last_step = StepStats()
         self._requests: dict[str, _Request] = {}  # the step thread's
@@ -119,23 +135,28 @@ class LLMEngine:
         config: EngineConfig | None = None,
         eos_token_ids: Iterable[int] = (),
         detokenizer_factory: DetokenizerFactory | None = None,
-        device: str | torch.device = "cpu",
     ) -> LLMEngine:
-        """Load a checkpoint directory (see `builtin_engine.loader`) and build the engine, in a
-        thread of its own (see `builtin_engine.cpu_threads`)."""
+        """Load a checkpoint directory (see `builtin_engine.loader`) onto the configured device
+        and build the engine, in a thread of its own (see `builtin_engine.cpu_threads`). Raises
+        `DeviceError` (a ValueError naming the setting) when the device, dtype or compile
+        settings do not fit this machine, before anything is loaded."""
         config = config or EngineConfig()
+        placement = resolve_placement(config.device, config.dtype, config.compile)
+        if placement.dtype == "bfloat16" and config.matmul_dtype == "float32":
+            raise ValueError("matmul_dtype float32 needs dtype float32 (bfloat16 weights gain nothing from it)")
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
 
         def build() -> LLMEngine:
             model_config = read_model_config(Path(model_dir))
-            weights = load_weights(Path(model_dir), model_config, config.dtype)
-            if torch.device(device).type != "cpu":
-                weights = weights.to(torch.device(device))
+            weights = load_weights(Path(model_dir), model_config, placement.dtype)
+            if placement.device.type != "cpu":
+                weights = weights.to(placement.device)
             matmul_dtype = getattr(torch, config.matmul_dtype) if config.matmul_dtype else None
             model = LlamaModel(model_config, weights, max_positions=resolve_max_model_len(model_config, config),
                                matmul_dtype=matmul_dtype)
-            return cls(model, config=config, eos_token_ids=eos_token_ids, detokenizer_factory=detokenizer_factory)
+            return cls(model, config=config, eos_token_ids=eos_token_ids, detokenizer_factory=detokenizer_factory,
+                       placement=placement)
 
         return call_in_own_thread(build, name="builtin-engine-load")
 

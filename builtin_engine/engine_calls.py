@@ -44,6 +44,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     vocab_size: int
     hidden_size: int  # an embedding's full length
     pid: int  # the process the engine runs in
+    placement: str = ""  # device, dtype and how the decode step runs, e.g. "cpu (AMD EPYC), bfloat16, eager"
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):

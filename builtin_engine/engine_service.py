@@ -41,7 +41,8 @@ class EngineService:
         self.tokenizer = tokenizer
         self.grammar_compiler: GrammarCompiler | None = None  # built on the first structured request
         self.info = EngineInfo(max_model_len=llm_engine.max_model_len, vocab_size=llm_engine.model_config.vocab_size,
-                               hidden_size=llm_engine.model_config.hidden_size, pid=os.getpid())
+                               hidden_size=llm_engine.model_config.hidden_size, pid=os.getpid(),
+                               placement=llm_engine.placement.describe())
 
     @classmethod
     def load(cls, launch: EngineLaunch) -> EngineService:

@@ -11,29 +11,36 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from builtin_engine import packed_linear
 from builtin_engine.attention_metadata import AttentionMetadata
 from builtin_engine.loader import LayerWeights, LlamaWeights, ModelConfig
+from builtin_engine.packed_linear import PackedMatrix
 
 
 @dataclass(slots=True)
 class KVCache:
-    """Per layer, `[num_blocks, block_size, Hkv, D]` key and value tensors: views of head-major
-    storage (`[Hkv, num_blocks, block_size, D]` contiguous), so that gathering a sequence's
-    blocks for one head copies whole [block_size, D] slabs (the torch references' fast path;
-    the Triton kernels index by strides and take any layout)."""
+    """Per layer, `[num_blocks + 1, block_size, Hkv, D]` key and value tensors: views of head-major
+    storage (`[Hkv, num_blocks + 1, block_size, D]` contiguous), so that a sequence's block for one
+    head is one contiguous [block_size, D] slab (the torch references gather whole slabs, the C++
+    kernels read them in place; the Triton kernels index by strides and take any layout).
+
+    Block `pad_block` (= num_blocks) belongs to no sequence: the padding rows of a compiled or
+    captured decode step write and read there."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    pad_block: int
 
     @classmethod
     def allocate(cls, config: ModelConfig, *, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> KVCache:
-        shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
+        shape = (config.num_kv_heads, num_blocks + 1, block_size, config.head_dim)
 
         def one() -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
 
-        return cls(keys=[one() for _ in range(config.num_layers)], values=[one() for _ in range(config.num_layers)])
+        return cls(keys=[one() for _ in range(config.num_layers)], values=[one() for _ in range(config.num_layers)],
+                   pad_block=num_blocks)
 
 
 class LlamaModel:
@@ -47,7 +54,9 @@ class LlamaModel:
     stay float32. Logits rounded to bfloat16 would tie tokens whose logits differ by up to 1/16
     and blur logprobs; the float32 lm_head costs ~15% of a 32-stream decode step on a 2-core
     Xeon with AMX (40% of its matmul time, the packed bfloat16 projections taking the rest).
-    Bfloat16 projection matrices on a CPU are oneDNN-packed once (see `_pack_for_onednn`).
+    With bfloat16 weights (the fast path) everything is bfloat16, the lm_head included, as in
+    transformers and vLLM. Bfloat16 matrices on a CPU are oneDNN-packed once
+    (`builtin_engine.packed_linear`).
     """
 
     def __init__(self, config: ModelConfig, weights: LlamaWeights, *, max_positions: int,
@@ -109,13 +118,35 @@ class LlamaModel:
         """[S, H] -> [S, V] float32."""
         return self._linear(hidden, self.weights.lm_head).float()
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                      block_tables: torch.Tensor, seq_lens: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        """A decode step as one function of tensors (what torch.compile and CUDA graphs take):
+        input_ids, positions, slot_mapping [B], block_tables [B, W] int32, seq_lens [B] int32
+        -> logits [B, V] float32."""
+        batch, device = input_ids.shape[0], input_ids.device
+        meta = AttentionMetadata(
+            positions=positions, slot_mapping=slot_mapping, num_decode_tokens=batch, decode_block_tables=block_tables,
+            decode_seq_lens=seq_lens,
+            prefill_block_tables=torch.zeros((0, block_tables.shape[1]), dtype=torch.int32, device=device),
+            prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=device),
+            prefill_seq_lens=torch.zeros(0, dtype=torch.int32, device=device),
+            logits_indices=torch.arange(batch, device=device))
+        hidden, residual = self.embed(input_ids), None
+        for index in range(self.num_layers):
+            hidden, residual = self.layer(index, hidden, residual, meta, kv_cache)
+        eps = self.config.rms_norm_eps
+        if residual is None:  # a model without layers
+            return self.compute_logits(kernels.rms_norm(hidden, self.weights.norm, eps))
+        return self.compute_logits(kernels.fused_add_rms_norm(hidden, residual, self.weights.norm, eps)[0])
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor | PackedMatrix,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, in] @ weight [out, in]^T (+ bias) -> [T, out] in x's dtype. `weight` may be
-        oneDNN-packed (see `_pack_for_onednn`)."""
-        if weight.is_mkldnn and weight.dtype == x.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        if weight.is_mkldnn:
-            out = torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, None, "none", [], "").to(x.dtype)
+        oneDNN-packed (see `builtin_engine.packed_linear`)."""
+        if isinstance(weight, PackedMatrix) and weight.dtype == x.dtype:
+            return packed_linear.linear(x, weight, bias)
+        if isinstance(weight, PackedMatrix):
+            out = packed_linear.linear(x.to(weight.dtype), weight).to(x.dtype)
         elif weight.dtype == x.dtype:
             return F.linear(x, weight, bias)
         else:
@@ -164,10 +195,10 @@ class LlamaModel:
 
 def _cast_projections(weights: LlamaWeights, dtype: torch.dtype) -> LlamaWeights:
     """A copy whose decoder projection matrices are in `dtype` (oneDNN-packed where that pays);
-    norms, biases, the embedding and the lm_head keep theirs. Matrices already in `dtype` and
-    not packed are shared, not copied."""
+    norms, biases and the embedding keep theirs, and so does the lm_head, packed too when it is
+    bfloat16. Matrices already in `dtype` and not packed are shared, not copied."""
 
-    def cast(matrix: torch.Tensor) -> torch.Tensor:
+    def cast(matrix: torch.Tensor) -> torch.Tensor | PackedMatrix:
         return _pack_for_onednn(matrix.to(dtype))
 
     layers = [
@@ -182,15 +213,11 @@ def _cast_projections(weights: LlamaWeights, dtype: torch.dtype) -> LlamaWeights
         )
         for layer in weights.layers
     ]
-    return LlamaWeights(embed_tokens=weights.embed_tokens, layers=layers, norm=weights.norm, lm_head=weights.lm_head)
+    return LlamaWeights(embed_tokens=weights.embed_tokens, layers=layers, norm=weights.norm,
+                        lm_head=_pack_for_onednn(weights.lm_head))
 
 
-def _pack_for_onednn(matrix: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 CPU matrix [out, in] reordered once into oneDNN's blocked layout (AMX tiles
-    where the CPU has them), or `matrix` itself elsewhere. `F.linear` on a bfloat16 CPU matrix
-    goes through the same oneDNN kernel but reorders the weights on every call: packed, the
-    projections ran ~1.7x faster at 32 rows, with bit-identical results."""
-    if (matrix.dtype != torch.bfloat16 or matrix.device.type != "cpu" or not torch.backends.mkldnn.is_available()
-            or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return matrix
-    return torch.ops.mkldnn._reorder_linear_weight(matrix, None)
+def _pack_for_onednn(matrix: torch.Tensor) -> torch.Tensor | PackedMatrix:
+    """A bfloat16 CPU matrix packed once for oneDNN (see `builtin_engine.packed_linear`), or
+    `matrix` itself elsewhere."""
+    return packed_linear.pack(matrix) if packed_linear.can_pack(matrix) else matrix

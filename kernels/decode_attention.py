@@ -27,6 +27,7 @@ from kernels._checks import (
     check_tensor,
     check_unit_last_stride,
 )
+from kernels import cpu_ext
 from kernels._launch import launchable, next_power_of_2, on_interpreter
 
 try:
@@ -292,6 +293,23 @@ def _decode_group(
     out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv * B, G, D]
     out = out.view(num_kv_heads, batch, group, head_dim).transpose(0, 1)  # [B, Hkv, G, D]
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
+
+
+def paged_attention_decode_cpu(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """The hand-written CPU kernel (kernels/csrc/cpu_kernels.cpp); same contract as
+    paged_attention_decode_reference. It reads K/V in place, position by position, with no
+    gathered copy. RuntimeError when the library is not built (see kernels/cpu_ext.py)."""
+    _check_args(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_unit_last_stride(name, tensor)
+    return cpu_ext.require_ops().paged_attention_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
 def dot_config(q: Tensor) -> tuple[object, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernels import cpu_ext
 from kernels._checks import (
     ACTIVATION_DTYPES,
     check_same_device,
@@ -91,6 +92,17 @@ def reshape_and_cache_reference(
     index = (slot_mapping // block_size, slot_mapping % block_size)  # ([T], [T])
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
+
+
+def reshape_and_cache_cpu(
+    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """The hand-written CPU copy (kernels/csrc/cpu_kernels.cpp); same contract as
+    reshape_and_cache_reference. RuntimeError when the library is not built (kernels/cpu_ext.py)."""
+    _check_args(k, v, k_cache, v_cache, slot_mapping)
+    for name, tensor in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_unit_last_stride(name, tensor)
+    cpu_ext.require_ops().reshape_and_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
 
 
 def reshape_and_cache_triton(

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from kernels import cpu_ext
 from kernels._checks import check_same_device, check_size, check_tensor, check_unit_last_stride
 from kernels._launch import launchable, next_power_of_2
 from kernels.decode_attention import check_paged_kv, dot_config, gather_heads
@@ -201,6 +202,26 @@ def paged_attention_prefill_reference(
             q_len, num_q_heads, head_dim
         )
     return out
+
+
+def paged_attention_prefill_cpu(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """The hand-written CPU kernel (kernels/csrc/cpu_kernels.cpp); same contract as
+    paged_attention_prefill_reference, reading K/V in place. A query's arithmetic is the decode
+    kernel's, so a token gets the same output bit for bit whether it is prefilled or decoded.
+    RuntimeError when the library is not built (see kernels/cpu_ext.py)."""
+    _check_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
+    for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_unit_last_stride(name, tensor)
+    return cpu_ext.require_ops().paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(),
+                                                         seq_lens.contiguous(), scale)
 
 
 def paged_attention_prefill_triton(

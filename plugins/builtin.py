@@ -36,6 +36,7 @@ Nothing heavy is imported here at module level: torch and `builtin_engine.engine
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -77,7 +78,7 @@ from plugins.registry import BackendType
 
 if TYPE_CHECKING:
     from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.engine_calls import EngineLaunch
+    from builtin_engine.engine_calls import EngineInfo, EngineLaunch
     from builtin_engine.engine_service import EngineService
     from builtin_engine.outputs import ChoiceOutput, TokenLogprobs
     from builtin_engine.tokenizer import Tokenizer
@@ -104,6 +105,7 @@ EXTENSIONS = frozenset(
     }
 )
 _TEMPLATE_CACHE_SIZE = 16
+_log = logging.getLogger("switchyard.builtin")
 
 
 def _doc(description: str, **constraints: Any) -> Any:
@@ -121,7 +123,17 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
                                "checkpoint directory of the Llama family.")] = "smollm2-135m-instruct"
     served_model_name: Annotated[str | None, _doc("The name clients and routes use for the model; default: "
                                                   "`model`, or the directory's name when `model` is a path.")] = None
-    dtype: Annotated[Literal["float32", "bfloat16"], _doc("Weights, activations and KV cache precision.")] = "float32"
+    device: Annotated[str, _doc(
+        "Where the engine runs: 'auto' (the first CUDA GPU torch sees, else the CPU), 'cpu', 'cuda' or 'cuda:N'. "
+        "A CUDA device torch does not see is a start-up error.", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "auto"
+    dtype: Annotated[Literal["auto", "float32", "bfloat16"], _doc(
+        "Precision of the weights, activations, KV cache and lm_head: 'auto' is bfloat16 on CUDA and float32 on "
+        "the CPU (token-exact against transformers); 'bfloat16' on the CPU is the fast path.")] = "auto"
+    compile: Annotated[bool | None, _doc(
+        "Run the decode step as a prepared graph: on the CPU compiled by torch.compile (inductor; needs a C++ "
+        "compiler; compiled while the backend starts, cached under ~/.cache/switchyard/compile), on CUDA captured "
+        "in CUDA graphs (needs triton). Default: on for bfloat16 on the CPU and on CUDA, off for float32 on the "
+        "CPU.")] = None
     matmul_dtype: Annotated[Literal["float32", "bfloat16"] | None, _doc(
         "Precision of the decoder layers' projection matmuls (q/k/v, o, MLP); default: dtype. 'bfloat16' with "
         "dtype 'float32' stores those matrices in bfloat16 and rounds their inputs and outputs to it, keeping "
@@ -168,6 +180,18 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"
 
 
+    def __post_init__(self) -> None:
+        """A CUDA device this machine's torch does not see is an error here, so `check-config` and
+        `serve` stop before anything starts (torch is imported only for such a device)."""
+        if self.device.startswith("cuda"):
+            from builtin_engine.device import DeviceError, resolve_device
+
+            try:
+                resolve_device(self.device)
+            except DeviceError as exc:
+                raise ValueError(str(exc)) from None
+
+
 def served_name(options: BuiltinOptions) -> str:
     if options.served_model_name:
         return options.served_model_name
@@ -199,6 +223,7 @@ class BuiltinBackend:
         launch = await asyncio.to_thread(self._load_text_side)
         if not (self.options.engine_process or self.options.engine_address):
             self.engine = await asyncio.to_thread(load_engine, self.name, launch)
+            self._log_placement(self.engine.info)
             return
         from plugins.engine_client import EngineClient
 
@@ -213,6 +238,11 @@ class BuiltinBackend:
             await self.close()
             raise
         self.engine = client
+        self._log_placement(client.info)
+
+    def _log_placement(self, info: EngineInfo | None) -> None:
+        where = info.placement if info is not None else "?"
+        _log.info("backend %r serves %s on %s", self.name, self.served_model_name, where)
 
     def _load_text_side(self) -> EngineLaunch:
         """The tokenizer and chat template; returns what the engine is built from."""

@@ -61,7 +61,9 @@ def test_memory_smoke(tmp_path: Path) -> None:
 def test_engines_compare_smoke(tmp_path: Path) -> None:
     report = run_script("engines_compare", tmp_path, timeout=600)
     engines = {r["engine"] for r in report["rows"]}
-    assert {"builtin", "hf-serial", "hf-batched"} <= engines, report.get("skipped")
+    assert {"builtin", "builtin-fast", "hf-serial", "hf-batched"} <= engines, report.get("skipped")
+    fast = report["engines"]["builtin-fast"]
+    assert fast["dtype"] == "bfloat16" and fast["start_cold_s"] > 0 and fast["start_warm_s"] > 0
     assert "vllm" in report["skipped"]  # smoke never starts vLLM unless asked
     for row in report["rows"]:
         assert row["tokens_per_s"] > 0 and not row["short_streams"], row
@@ -90,6 +92,7 @@ def test_interference_smoke(tmp_path: Path) -> None:
             assert cell["switchyard"]["requests"] > 0
     assert "engine_process: busy - idle added p50 <= 1 ms" in report["targets"]
 
+
 def test_fleet_routing_smoke(tmp_path: Path) -> None:
     from engines import install
 
@@ -100,6 +103,21 @@ def test_fleet_routing_smoke(tmp_path: Path) -> None:
     assert row["arm"] == "prefix_cache" and row["errors"] == 0 and row["requests"] > 0, row
     assert row["hit_ratio"] is not None and row["router_cpu_s_per_1k"] is not None
     assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
+
+
+def test_gpu_check_smoke(tmp_path: Path) -> None:
+    """bench/gpu_check.py on the CPU: kernels in Triton's interpreter, the tiny model's bfloat16
+    tokens against float32, throughput with the compiled decode step on and off."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["kernels"]["ok"] and report["kernels"]["checks"] > 20
+    assert report["kernels"]["decode_fraction_of_copy"] is not None
+    assert len(report["first_divergence"]) == 8
+    assert {(r["streams"], r["graphs"]) for r in report["throughput"]} == {(s, g) for s in (1, 2, 4) for g in (True, False)}
+    assert all(r["tokens_per_s"] > 0 for r in report["throughput"])
 
 
 def test_key_limits_overhead_smoke(tmp_path: Path) -> None:

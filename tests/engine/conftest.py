@@ -52,22 +52,23 @@ def make_engine(tiny_model_dir: Path, tiny_tokenizer) -> Callable[..., object]: 
 class HFReference:
     """transformers greedy generation, one prompt at a time, memoized."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, dtype: object = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self._memo: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or torch.float32).eval()
+        self._memo: dict[tuple[tuple[int, ...], int, bool], list[int]] = {}
 
-    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+    def greedy(self, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False) -> list[int]:
         import torch
 
-        key = (tuple(prompt), max_new_tokens)
+        key = (tuple(prompt), max_new_tokens, ignore_eos)
         if key not in self._memo:
             with torch.inference_mode():
                 out = self.model.generate(
                     torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                     do_sample=False, max_new_tokens=max_new_tokens, top_k=None, top_p=None, temperature=None,
+                    min_new_tokens=max_new_tokens if ignore_eos else None,
                 )
             self._memo[key] = out[0, len(prompt):].tolist()
         return self._memo[key]

@@ -73,3 +73,22 @@ def test_builtin_load_with_the_engine_in_its_own_process(tiny_model_dir: Path) -
             await backend.close()
 
     asyncio.run(go())
+
+
+def test_the_engine_process_runs_with_the_backends_device_options(tiny_model_dir: Path) -> None:
+    """`dtype` / `compile` reach an engine process the same as an in-process engine; both report
+    where they run (the start-up log line)."""
+    async def placement(engine_process: bool) -> str:
+        backend = BuiltinBackend("local", msgspec.convert(
+            {"model": str(tiny_model_dir), "num_threads": 1, "kv_cache_tokens": 1024, "served_model_name": "tiny",
+             "dtype": "bfloat16", "compile": False, "engine_process": engine_process},
+            BuiltinOptions))
+        await backend.start()
+        try:
+            assert backend.engine is not None and backend.engine.info is not None
+            return backend.engine.info.placement
+        finally:
+            await backend.close()
+
+    in_process, own_process = asyncio.run(placement(False)), asyncio.run(placement(True))
+    assert in_process == own_process and in_process.startswith("cpu (") and in_process.endswith(", bfloat16, eager")

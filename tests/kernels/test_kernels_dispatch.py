@@ -52,7 +52,7 @@ def test_exports_exactly_the_engine_api() -> None:
         [
             "rms_norm", "fused_add_rms_norm", "rotary", "make_cos_sin_cache", "silu_and_mul",
             "reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "sample",
-            "sampling_mask",
+            "sampling_mask", "has_cpu_kernels", "resolve_backend",
         ]
     )
     for name in kernels.__all__:
@@ -71,19 +71,27 @@ def _spy(monkeypatch, module, name):
     return calls
 
 
-@pytest.mark.parametrize("backend,picked", [(None, "reference"), ("auto", "reference"),
+WITH_CPU_KERNEL = {"reshape_and_cache", "paged_attention_decode", "paged_attention_prefill"}
+
+
+@pytest.mark.parametrize("backend,picked", [(None, "auto"), ("auto", "auto"),
                                             ("torch", "reference"), ("triton", "triton")])
 @pytest.mark.parametrize("name,module,stem,args", CALLS, ids=[c[0] for c in CALLS])
 def test_backend_choice_on_cpu(monkeypatch, backend, picked, name, module, stem, args) -> None:
+    """auto: the C++ kernel where an op has one and it is built, else the reference."""
+    if picked == "auto":
+        picked = "cpu" if name in WITH_CPU_KERNEL and kernels.cpu_ext.ops() is not None else "reference"
     if backend is None:
         monkeypatch.delenv("SWITCHYARD_KERNELS", raising=False)
     else:
         monkeypatch.setenv("SWITCHYARD_KERNELS", backend)
     triton_calls = _spy(monkeypatch, module, f"{stem}_triton")
     reference_calls = _spy(monkeypatch, module, f"{stem}_reference")
+    cpu_calls = _spy(monkeypatch, module, f"{stem}_cpu") if name in WITH_CPU_KERNEL else []
     getattr(kernels, name)(*args)
-    assert (triton_calls, reference_calls) == (([f"{stem}_triton"], []) if picked == "triton"
-                                               else ([], [f"{stem}_reference"]))
+    expected = {"triton": ([f"{stem}_triton"], [], []), "reference": ([], [f"{stem}_reference"], []),
+                "cpu": ([], [], [f"{stem}_cpu"])}[picked]
+    assert (triton_calls, reference_calls, cpu_calls) == expected
 
 
 def test_forced_triton_matches_reference_through_the_dispatch(monkeypatch) -> None:

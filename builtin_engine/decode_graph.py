@@ -1,0 +1,199 @@
+"""The decode step as a prepared graph: torch.compile'd on the CPU, captured in CUDA graphs on CUDA.
+
+A step whose chunks are all one-token decodes runs `LlamaModel.decode_logits` through one of
+these instead of the eager layer loop (prefill and mixed steps stay eager, where aborts apply
+between layers). The step's inputs are written into persistent host buffers whose block-table
+width is fixed (the longest sequence's blocks), and the batch is padded: rows past the real ones
+decode one token in the KV cache's pad block, which no sequence owns.
+
+- `CompiledDecode` (CPU): one torch.compile'd graph (inductor's C++ code generation) for every
+  batch of 2 to `max_batch` rows (the batch dimension is dynamic; a lone row is padded to 2).
+  Projections are opaque calls on the oneDNN-packed matrices (`builtin_engine.packed_linear`)
+  and attention and the KV write the C++ kernels, so inductor fuses what lies between: norms,
+  residual adds, rotary, SiLU. It is compiled and run before the engine is ready (`warm_up`), its
+  code cached on disk (`compile_cache_dir`), and never recompiled while serving: a step the graph
+  does not fit runs eagerly.
+- `CudaGraphDecode` (CUDA): one CUDA graph per batch size of `sizes`, sharing a memory pool; a
+  step pads to the next captured size and replays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+
+from builtin_engine.llama import KVCache, LlamaModel
+from builtin_engine.scheduler import ScheduledChunk
+
+_log = logging.getLogger(__name__)
+
+
+def compile_cache_dir() -> Path:
+    """Where inductor keeps compiled code (`$TORCHINDUCTOR_CACHE_DIR` if set): under the cache
+    root, per torch version."""
+    from builtin_engine.model_store import cache_root
+
+    return cache_root() / "compile" / f"torch-{torch.__version__.replace('+', '-')}"
+
+
+def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then multiples of 8, up to max_num_seqs (always included)."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8)) + [max_num_seqs]
+    return tuple(sorted(set(sizes)))
+
+
+class DecodeInputs:
+    """Persistent host buffers for one decode step of up to `max_batch` rows."""
+
+    def __init__(self, *, max_batch: int, max_blocks: int, block_size: int, pad_block: int, pin: bool) -> None:
+        def buffer(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, pin_memory=pin)
+
+        self.block_size = block_size
+        self.pad_block = pad_block
+        self.input_ids = buffer(max_batch, dtype=torch.int64)
+        self.positions = buffer(max_batch, dtype=torch.int64)
+        self.slot_mapping = buffer(max_batch, dtype=torch.int64)
+        self.block_tables = buffer(max_batch, max_blocks, dtype=torch.int32)  # [max_batch, max_blocks]
+        self.seq_lens = buffer(max_batch, dtype=torch.int32)
+        self._tables = self.block_tables.numpy()  # row writes from lists, without a tensor per row
+
+    def fill(self, chunks: Sequence[ScheduledChunk], padded: int) -> None:
+        """Rows of `chunks` (one-token chunks), then pad-block rows up to `padded`."""
+        bs = self.block_size
+        ids, positions, slots, lens = [], [], [], []
+        for row, chunk in enumerate(chunks):
+            seq, position = chunk.seq, chunk.start
+            table = seq.block_table
+            ids.append(seq.token_ids[position])
+            positions.append(position)
+            slots.append(table[position // bs] * bs + position % bs)
+            lens.append(position + 1)
+            self._tables[row, : len(table)] = table
+        num_pad = padded - len(chunks)
+        self._tables[len(chunks):padded, 0] = self.pad_block
+        self.input_ids[:padded] = torch.tensor(ids + [0] * num_pad)
+        self.positions[:padded] = torch.tensor(positions + [0] * num_pad)
+        self.slot_mapping[:padded] = torch.tensor(slots + [self.pad_block * bs] * num_pad)
+        self.seq_lens[:padded] = torch.tensor(lens + [1] * num_pad, dtype=torch.int32)
+
+    def tensors(self, rows: int) -> tuple[torch.Tensor, ...]:
+        return (self.input_ids[:rows], self.positions[:rows], self.slot_mapping[:rows], self.block_tables[:rows],
+                self.seq_lens[:rows])
+
+
+class CompiledDecode:
+    """The CPU decode step compiled by torch.compile (see the module's docstring)."""
+
+    min_batch = 2  # a dynamic dimension starts at 2 (torch specializes sizes 0 and 1)
+
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, *, max_batch: int, max_blocks: int,
+                 block_size: int) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+        self.model = model
+        self.kv_cache = kv_cache
+        self.max_batch = max(max_batch, self.min_batch)
+        self.inputs = DecodeInputs(max_batch=self.max_batch, max_blocks=max_blocks, block_size=block_size,
+                                   pad_block=kv_cache.pad_block, pin=False)
+        # keep every rounding to bfloat16 the eager code does (inductor would otherwise skip
+        # a round trip through bfloat16 inside a fused kernel): compiled and eager steps agree
+        torch._inductor.config.emulate_precision_casts = True
+        self._compiled = torch.compile(self._step, fullgraph=True)
+        self.failed = False  # a call would have recompiled: eager from then on
+
+    def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+              block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        return self.model.decode_logits(input_ids, positions, slot_mapping, block_tables, seq_lens, self.kv_cache)
+
+    def warm_up(self) -> None:
+        """Compile (or load from the cache) and run at the smallest and largest batch."""
+        import kernels
+
+        kernels.resolve_backend()  # the trace must see the kernel choice the engine will use
+        for rows in sorted({self.min_batch, self.max_batch}):
+            self.inputs.fill([], rows)
+            tensors = self.inputs.tensors(rows)
+            if rows == self.min_batch:
+                for tensor in tensors:
+                    torch._dynamo.mark_dynamic(tensor, 0, min=self.min_batch, max=self.max_batch)
+            with torch.inference_mode():
+                self._compiled(*tensors)
+
+    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor | None:
+        """Logits [len(chunks), V] float32, or None when the step must run eagerly."""
+        if self.failed or len(chunks) > self.max_batch:
+            return None
+        rows = max(len(chunks), self.min_batch)
+        self.inputs.fill(chunks, rows)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                logits = self._compiled(*self.inputs.tensors(rows))
+        except RuntimeError as exc:  # the graph's guards failed: never compile while serving
+            if "recompil" not in str(exc).lower():
+                raise
+            self.failed = True
+            _log.warning("the compiled decode step no longer fits (%s); decoding eagerly from now on", exc)
+            return None
+        return logits[: len(chunks)]
+
+
+class CudaGraphDecode:
+    """The decode step captured in CUDA graphs, one per batch size (see the module's docstring)."""
+
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, *, sizes: Sequence[int], max_blocks: int,
+                 block_size: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.sizes = tuple(sorted(set(sizes)))
+        self.max_batch = self.sizes[-1]
+        self.inputs = DecodeInputs(max_batch=self.max_batch, max_blocks=max_blocks, block_size=block_size,
+                                   pad_block=kv_cache.pad_block, pin=True)
+        device = model.device
+        self.device_inputs = tuple(t.to(device) for t in self.inputs.tensors(self.max_batch))
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def warm_up(self) -> None:
+        """Run each size once (Triton compiles its kernels), then capture it, largest first."""
+        pool = torch.cuda.graph_pool_handle()
+        self.inputs.fill([], self.max_batch)
+        for static, host in zip(self.device_inputs, self.inputs.tensors(self.max_batch)):
+            static.copy_(host)
+        with torch.inference_mode():
+            for rows in reversed(self.sizes):
+                args = [t[:rows] for t in self.device_inputs]
+                stream = torch.cuda.Stream(self.model.device)
+                stream.wait_stream(torch.cuda.current_stream(self.model.device))
+                with torch.cuda.stream(stream):
+                    self.model.decode_logits(*args, self.kv_cache)
+                torch.cuda.current_stream(self.model.device).wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits = self.model.decode_logits(*args, self.kv_cache)
+                self.graphs[rows] = (graph, logits)
+        torch.cuda.synchronize(self.model.device)
+
+    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor | None:
+        """Logits [len(chunks), V] float32, or None when no captured size fits."""
+        rows = next((size for size in self.sizes if size >= len(chunks)), None)
+        if rows is None:
+            return None
+        self.inputs.fill(chunks, rows)
+        for static, host in zip(self.device_inputs, self.inputs.tensors(rows)):
+            static[:rows].copy_(host, non_blocking=True)
+        graph, logits = self.graphs[rows]
+        graph.replay()
+        return logits[: len(chunks)]
+
+
+def make_decode_graph(model: LlamaModel, kv_cache: KVCache, *, max_num_seqs: int, max_model_len: int,
+                      block_size: int, cuda_graph_sizes: Sequence[int] | None) -> CompiledDecode | CudaGraphDecode:
+    max_blocks = -(-max_model_len // block_size)
+    if model.device.type == "cuda":
+        sizes = cuda_graph_sizes or default_cuda_graph_sizes(max_num_seqs)
+        return CudaGraphDecode(model, kv_cache, sizes=sizes, max_blocks=max_blocks, block_size=block_size)
+    return CompiledDecode(model, kv_cache, max_batch=max_num_seqs, max_blocks=max_blocks, block_size=block_size)

@@ -1,0 +1,81 @@
+"""bfloat16 projection matrices packed once for oneDNN, and the matmul over them, eager or inside
+a torch.compile'd graph.
+
+`F.linear` on a bfloat16 CPU matrix goes through oneDNN but reorders the weights into its blocked
+layout on every call; packed once (AMX tiles where the CPU has them, AVX-512 BF16 otherwise) the
+projections ran ~1.7x faster at 32 rows, with bit-identical results. A packed matrix is an opaque
+MKLDNN tensor, which torch.compile cannot take as a graph input, so a compiled graph calls the op
+`switchyard::packed_linear(x, handle, out_features)` instead: `handle` (an int, a constant of the
+graph) names the matrix in this module's table, which holds it weakly — the model owns it.
+Inductor keeps the op as an opaque call, so every graph shares the one packed copy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+_matrices: dict[int, weakref.ref[torch.Tensor]] = {}
+_handles = itertools.count()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedMatrix:
+    """A [out, in] bfloat16 matrix in oneDNN's layout; `_linear` in llama.py multiplies by it."""
+
+    packed: torch.Tensor  # MKLDNN tensor
+    handle: int
+    out_features: int
+    in_features: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.packed.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+
+def can_pack(matrix: torch.Tensor) -> bool:
+    return (matrix.dtype == torch.bfloat16 and matrix.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack(matrix: torch.Tensor) -> PackedMatrix:
+    """A bfloat16 CPU matrix [out, in] reordered once into oneDNN's blocked layout."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(matrix, None)
+    handle = next(_handles)
+    _matrices[handle] = weakref.ref(packed, lambda _: _matrices.pop(handle, None))
+    return PackedMatrix(packed, handle, matrix.shape[0], matrix.shape[1])
+
+
+def linear(x: torch.Tensor, matrix: PackedMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] bfloat16 @ matrix^T (+ bias, added before the one rounding) -> [T, out] bfloat16.
+
+    A row's result does not depend on how many rows come with it: oneDNN's one-row kernel sums in
+    another order than its kernel for two or more rows (a few outputs in a thousand differ in their
+    last bit), so a lone row is multiplied as two. The compiled decode step never has fewer than
+    two rows."""
+    if torch.compiler.is_compiling():
+        return torch.ops.switchyard.packed_linear(x, matrix.handle, matrix.out_features, bias)
+    if x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), matrix.packed, bias, "none", [],
+                                                  "")[:1]
+    return torch.ops.mkldnn._linear_pointwise(x, matrix.packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("switchyard::packed_linear", mutates_args=())
+def _packed_linear(x: torch.Tensor, handle: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    matrix = _matrices[handle]()
+    if matrix is None:
+        raise RuntimeError(f"packed matrix {handle} is gone (its model was freed)")
+    return torch.ops.mkldnn._linear_pointwise(x, matrix, bias, "none", [], "")
+
+
+@_packed_linear.register_fake
+def _(x: torch.Tensor, handle: int, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
