@@ -71,10 +71,11 @@ def kv_cache_bytes(model_dir: Path, dtype: str, kv_tokens: int) -> dict:
     allocated = sum(t.numel() * t.element_size() for t in tensors)
     cfg = engine.model_config
     slots = engine.config.num_kv_blocks * engine.config.block_size
+    pad_slots = (tensors[0].shape[0] - engine.config.num_kv_blocks) * engine.config.block_size  # the graphs' pad block
     element = tensors[0].element_size()
     theory = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * element
     return {"dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-            "dtype_bytes": element, "token_slots": slots, "allocated_bytes": allocated,
+            "dtype_bytes": element, "token_slots": slots, "pad_slots": pad_slots, "allocated_bytes": allocated,
             "bytes_per_token": allocated / slots, "theoretical_bytes_per_token": theory,
             "ratio_to_theory": allocated / slots / theory, "tensor_shape": list(tensors[0].shape),
             "tensors": len(tensors)}
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         kv.append(k)
         print(f"builtin KV cache {dtype}: {k['bytes_per_token']:.0f} B/token allocated ({k['tensors']} tensors "
               f"{k['tensor_shape']}), theory 2 x {k['layers']} x {k['kv_heads']} x {k['head_dim']} x "
-              f"{k['dtype_bytes']} = {k['theoretical_bytes_per_token']} B/token -> {k['ratio_to_theory']:.3f}x",
+              f"{k['dtype_bytes']} = {k['theoretical_bytes_per_token']} B/token -> {k['ratio_to_theory']:.3f}x "
+              f"(incl. a {k['pad_slots']}-slot pad block)",
               flush=True)
     load1 = load_average()
     report = {"machine": info, "versions": versions, "skipped_arms": skipped, "model_dir": str(model_dir),
