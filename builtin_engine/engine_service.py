@@ -132,6 +132,10 @@ class EngineService:
         """Requests the engine still holds (queued or running, sequences and KV blocks not freed)."""
         return self.llm_engine.num_unfinished_requests
 
+    def num_unfinished(self) -> int:
+        """Requests running or waiting in the engine: exact, read now."""
+        return self.in_flight()
+
     async def health(self) -> bool:
         return self.llm_engine.is_alive()
 

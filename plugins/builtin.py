@@ -78,7 +78,7 @@ from plugins.registry import BackendType
 
 if TYPE_CHECKING:
     from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.engine_calls import EngineInfo, EngineLaunch
+    from builtin_engine.engine_calls import EngineLaunch
     from builtin_engine.engine_service import EngineService
     from builtin_engine.outputs import ChoiceOutput, TokenLogprobs
     from builtin_engine.tokenizer import Tokenizer
@@ -221,10 +221,15 @@ class BuiltinBackend:
         if self.engine is not None:
             return
         launch = await asyncio.to_thread(self._load_text_side)
-        if not (self.options.engine_process or self.options.engine_address):
+        if self.options.engine_process or self.options.engine_address:
+            self.engine = await self._connect_engine_process(launch)
+        else:
             self.engine = await asyncio.to_thread(load_engine, self.name, launch)
-            self._log_placement(self.engine.info)
-            return
+        assert self.engine.info is not None
+        _log.info("backend %r serves %s on %s", self.name, self.served_model_name, self.engine.info.placement)
+
+    async def _connect_engine_process(self, launch: EngineLaunch) -> EngineClient:
+        """A client of the engine process at `engine_address`, or of one started here."""
         from plugins.engine_client import EngineClient
 
         address = self.options.engine_address
@@ -237,12 +242,7 @@ class BuiltinBackend:
         except BaseException:
             await self.close()
             raise
-        self.engine = client
-        self._log_placement(client.info)
-
-    def _log_placement(self, info: EngineInfo | None) -> None:
-        where = info.placement if info is not None else "?"
-        _log.info("backend %r serves %s on %s", self.name, self.served_model_name, where)
+        return client
 
     def _load_text_side(self) -> EngineLaunch:
         """The tokenizer and chat template; returns what the engine is built from."""
@@ -281,18 +281,14 @@ class BuiltinBackend:
 
     def load(self) -> float:
         """Requests running or waiting in the engine (`least_load` across a route's targets)."""
-        if self.engine is None:
-            return float("inf")
-        stats = self.engine.snapshot()
-        return float(max(stats.num_unfinished_requests if stats is not None else 0, self.engine.in_flight()))
+        return float(self.engine.num_unfinished()) if self.engine is not None else float("inf")
 
     def replica_stats(self) -> list[ReplicaStats]:
         """The engine as a fleet of one (replica `local`), for the `switchyard_replica_*` gauges."""
         engine = self.engine
         if engine is None:
             return []
-        stats = engine.snapshot()
-        unfinished = stats.num_unfinished_requests if stats is not None else engine.in_flight()
+        stats, unfinished = engine.snapshot(), engine.num_unfinished()
         running = float(stats.num_running_seqs) if stats is not None else None
         return [ReplicaStats(
             backend=self.name, replica="local", draining=False, in_flight=unfinished, circuit=0,

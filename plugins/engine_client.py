@@ -148,7 +148,7 @@ class EngineClient:
 
     def snapshot(self) -> EngineStats | None:
         """The engine process's counts as of the last `stats()` (each health probe asks), or
-        None when they are older than `max_age_s`."""
+        None when they are older than `snapshot_max_age_s`."""
         if self._last_stats is None:
             return None
         stats, at = self._last_stats
@@ -158,6 +158,12 @@ class EngineClient:
         """This client's streams still open in the engine process (an engine request each, freed
         there within about a layer's time of its `Abort`); the engine's own count is `stats()`."""
         return sum(isinstance(pending, asyncio.Queue) for pending in self._calls.values())
+
+    def num_unfinished(self) -> int:
+        """Requests running or waiting in the engine process, as of the last health probe and
+        never below this client's own open calls (those the probe may not have seen yet)."""
+        stats = self.snapshot()
+        return max(stats.num_unfinished_requests if stats is not None else 0, self.in_flight())
 
     async def health(self) -> bool:
         return self.connected and (await self.stats()).alive
