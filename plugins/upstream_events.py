@@ -262,10 +262,13 @@ class StreamNormalizer:
                 reasoning = delta.get("reasoning") or delta.get("reasoning_content")
                 if isinstance(reasoning, str) and reasoning:
                     events.append(ReasoningDelta(text=reasoning, index=index))
-                events += self._tool_calls(index, delta.get("tool_calls"))
+                calls = delta.get("tool_calls")
+                if calls:
+                    events += self._tool_calls(index, calls)
             else:
                 text = choice.get("text")
-            logprobs = _logprobs(choice.get("logprobs"))
+            raw_logprobs = choice.get("logprobs")
+            logprobs = None if raw_logprobs is None else _logprobs(raw_logprobs)
             reason = choice.get("finish_reason")
             if self.chat and self.content_calls is not None:
                 text = self._content_calls(index, text or "", events, ended=bool(reason))
