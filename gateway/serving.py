@@ -147,7 +147,7 @@ class Observed:
         assert self.resolved is not None
         self._leave()
         if self.accounting is not None:
-            self.accounting.on_attempt_failed(error)
+            self.accounting.on_attempt_failed(error, self.attempt_spec)  # type: ignore[arg-type]
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error
