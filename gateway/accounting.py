@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.keys import NO_RESERVATION, KeyLimits, Reservation, TokenCost
-from gateway.service import error_label, outcome_of
+from gateway.outcomes import error_label, outcome_of
 from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
