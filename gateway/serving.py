@@ -21,20 +21,12 @@ from gateway.accounting import RequestAccounting
 from gateway.errors import error_payload
 from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
+from gateway.outcomes import check_usage, error_label, outcome_of, retry_kind
 from gateway.request_log import Attempt
+from gateway.request_timer import RequestTimer, is_token_event
+from gateway.route_plan import RoutePlan
 from gateway.schemas import ErrorResponse
-from gateway.service import (
-    EventPump,
-    Gateway,
-    RequestTimer,
-    Resolved,
-    RoutePlan,
-    check_usage,
-    error_label,
-    is_token_event,
-    outcome_of,
-    retry_kind,
-)
+from gateway.service import EventPump, Gateway, Resolved
 from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, RequestSpec, Usage
@@ -95,7 +87,7 @@ class Observed:
             if self.accounting is not None:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
-                gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
+                gateway.shadows.fork(self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
             backend = resolved.backend.name
             gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
@@ -147,7 +139,7 @@ class Observed:
         assert self.resolved is not None
         self._leave()
         if self.accounting is not None:
-            self.accounting.on_attempt_failed(error)
+            self.accounting.on_attempt_failed(error, self.attempt_spec)  # type: ignore[arg-type]
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error

@@ -311,15 +311,17 @@ class ProxyBackend:
 
     # -- plain JSON requests (catalogue, tokenize) --------------------------------------------
 
-    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None) -> Any:
-        """A side request (catalogue, tokens) to the least loaded replica that can take it."""
+    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None,
+                            headers: dict[str, str] | None = None) -> Any:
+        """A request that is no stream (catalogue, tokens, embeddings) to the least loaded replica
+        that can take it, with `headers` besides the content type."""
         t = self.options.timeouts
         replica = self.fleet.any_replica()
         deadline = asyncio.get_running_loop().time() + t.first_byte_s
         try:
             response = await replica.pool.request(
                 method, path, b"" if body is None else _json_encode(body),
-                {"content-type": "application/json"} if body is not None else None, deadline=deadline,
+                {"content-type": "application/json", **(headers or {})} if body is not None else headers, deadline=deadline,
             )
             try:
                 content = await response.read(None if response.status < 400 else MAX_ERROR_BODY, deadline)
@@ -418,11 +420,18 @@ class ProxyBackend:
         return body
 
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
-        for name in TRACE_HEADERS:  # W3C trace context the gateway's tracing put there
-            if name in spec.headers:
-                headers[name] = spec.headers[name]
-        return headers
+        return {"content-type": "application/json", "accept": "text/event-stream",
+                **self.upstream_ids(spec.request_id, spec.headers)}
+
+    @staticmethod
+    def upstream_ids(request_id: str, client_headers: dict[str, str]) -> dict[str, str]:
+        """What identifies a request upstream: its id, and the W3C trace context the gateway's
+        tracing put in `client_headers`."""
+        ids = {"x-request-id": request_id}
+        for name in TRACE_HEADERS:
+            if name in client_headers:
+                ids[name] = client_headers[name]
+        return ids
 
     def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """`stream_upstream`, with `<think>` text split out of the content when the options say so."""
