@@ -262,9 +262,17 @@ async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[Ev
         return Opened(observed, pump, first or [])
 
 
+class LastPiece(bytes):
+    """The last piece of a streamed body: the server sends it together with the end of the
+    response (one write instead of two)."""
+
+    __slots__ = ()
+
+
 async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[bytes]:
     """The streamed body of an opened request through `writer`; the backend is closed and the
-    request recorded exactly once, however the stream ends (completed, failed, client gone)."""
+    request recorded exactly once, however the stream ends (completed, failed, client gone).
+    A stream that ends by itself is recorded before its end goes out, as a `LastPiece`."""
     observed, pump = opened.observed, opened.pump
     usage: Usage | None = None
     error: BaseException | None = None
@@ -272,31 +280,35 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
         out = writer.start(opened.first)
         batch: list[Event] | None = opened.first
         while batch is not None:
-            if any(is_token_event(e) for e in batch):
-                observed.timer.mark_tokens()
-            if observed.accounting is not None:
-                observed.accounting.on_events(batch)
+            tokens = False
             for event in batch:
                 if isinstance(event, Usage):
                     usage = event
+                elif not tokens and is_token_event(event):
+                    tokens = True
+            if tokens:
+                observed.timer.mark_tokens()
+            if observed.accounting is not None:
+                observed.accounting.on_events(batch)
             out += writer.feed(batch)
             if out:
                 yield out
             out = b""
             batch = await pump.next_batch()
         observed.usage = check_usage(usage, opened.backend)
-        yield await writer.finish(observed.usage)
+        last = await writer.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
         payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        yield await writer.error(exc, payload)
+        last = await writer.error(exc, payload)
     except BaseException as exc:
         error = exc
         raise
     finally:
         await observed.close_pump(pump)
         observed.end(error)
+    yield LastPiece(last)
 
 
 async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable[[], Any],
