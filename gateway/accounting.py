@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.keys import NO_RESERVATION, KeyLimits, Reservation, TokenCost
-from gateway.service import error_label, outcome_of
+from gateway.outcomes import error_label, outcome_of
 from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
@@ -49,10 +49,11 @@ class RequestAccounting:
         carrier = self.trace.start_attempt(resolved.backend.name, spec.upstream_model, getattr(resolved.backend, "base_url", None))
         return _with_headers(spec, carrier)
 
-    def on_attempt_failed(self, error: BaseException) -> None:
-        """The attempt failed before its first token and the request moves on to another target."""
+    def on_attempt_failed(self, error: BaseException, spec: RequestSpec) -> None:
+        """The attempt (`spec`, as its backend got it) failed before its first token and the
+        request moves on to another target."""
         if self.trace is not None:
-            self.trace.end_attempt(error_label(error))
+            self.trace.end_attempt(error_label(error), spec.replica)
 
     def on_events(self, batch: list[Event]) -> None:
         for event in batch:
@@ -82,6 +83,7 @@ class RequestAccounting:
         if self.trace is not None:
             self.trace.finish(
                 backend=resolved.backend.name if resolved is not None else None,
+                replica=spec.replica if spec is not None else None,
                 response_model=spec.upstream_model if spec is not None else None,
                 usage=usage,
                 ttft_s=timings.get("ttft") if timings else None,

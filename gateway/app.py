@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from litestar.params import FromPath
 from litestar.config.app import AppConfig
 from litestar.datastructures import ResponseHeader, State
 from litestar.exceptions import ValidationException
@@ -104,7 +105,7 @@ async def list_models(request: Request, state: State) -> Response:
 
 
 @get("/v1/models/{model_id:path}", summary="Describe one model.")
-async def get_model(request: Request, state: State, model_id: str) -> Response:
+async def get_model(request: Request, state: State, model_id: FromPath[str]) -> Response:
     name = model_id.lstrip("/")
     authorize(request, name)
     card = _card(_gateway(state), name)

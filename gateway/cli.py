@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _validate(config: Config) -> None:
     from gateway.config import resolve_backend_options
-    from gateway.service import validate_routes
+    from gateway.route_plan import validate_routes
     from gateway.telemetry import check_telemetry
     from plugins.manager import backend_types, build_plugin_manager
 

@@ -107,7 +107,9 @@ async def embed(gateway: Gateway, spec: RequestSpec, request: EmbedRequest,
             if method is None:
                 raise InvalidRequest(f"Backend `{backend.name}` does not serve embeddings.", param="model")
             await observed.admit()
-            call = method(msgspec.structs.replace(request, upstream_model=resolved.target.model))
+            attempt = observed.attempt_spec
+            assert attempt is not None
+            call = method(msgspec.structs.replace(request, upstream_model=resolved.target.model, headers=attempt.headers))
             if observed.deadline is None:
                 result = await call
             else:

@@ -20,7 +20,7 @@ from gateway.auth import ClientKey
 from gateway.errors import from_decode_error
 from gateway.keys import TokenCost
 from gateway.service import Gateway, Resolved
-from gateway.serving import Served
+from gateway.serving import LastPiece, Served
 from plugins.errors import InvalidRequest, NotFound, PermissionDenied
 from plugins.protocol import RequestSpec, SamplingParams
 
@@ -145,12 +145,23 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
 class _SSEBody(ASGIStreamingResponse):
     """Litestar's streaming body sent from the request's own task, with one plain task watching
     for the client's disconnect, instead of an anyio task group and a second task per stream
-    (6% less gateway CPU per streamed request at 64 streams)."""
+    (6% less gateway CPU per streamed request at 64 streams); a `LastPiece` goes out with the
+    end of the response in one write."""
 
     __slots__ = ()
 
     async def send_body(self, send: Send, receive: Receive) -> None:
-        await unless_disconnected(receive, self._stream(send))
+        await unless_disconnected(receive, self._send_pieces(send))
+
+    async def _send_pieces(self, send: Send) -> None:
+        pieces = self.iterator
+        async for piece in pieces:  # type: ignore[union-attr]
+            if type(piece) is LastPiece:
+                await send({"type": "http.response.body", "body": piece, "more_body": False})
+                await pieces.aclose()  # type: ignore[union-attr]
+                return
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class SSEStream(Stream):

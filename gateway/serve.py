@@ -13,6 +13,7 @@ it (`gateway.workers`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from gateway.config import Config
 
 DRAIN_BACKSTOP_S = 5.0  # uvicorn's own graceful timeout is the drain period plus this
+# young objects the cyclic GC lets pile up before a collection (CPython's default: 700); see tune_gc
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list[socket.socket] | None = None,
@@ -66,6 +69,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
+        tune_gc()
         if self.on_ready is not None and self.started:
             self.on_ready()
 
@@ -77,3 +81,17 @@ class DrainingServer(uvicorn.Server):
         gateway = getattr(self.config.app.state, "gateway", None)
         if gateway is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(gateway.begin_drain, self.drain_s)
+
+
+def tune_gc() -> None:
+    """Once the app is up: the objects alive now (modules, the app, the plugins: most of the
+    heap) leave the cyclic GC's generations for good (`gc.freeze`), and the young generation is
+    collected every GC_YOUNG_THRESHOLD allocations instead of 700. Every streamed request
+    allocates hundreds of containers (tasks, frames, events, cancelled watchers' tracebacks);
+    with the defaults the collector ran ~200 times a second at 256 streams and took ~15% of the
+    process's CPU, rescanning the same long-lived objects each time. Garbage without cycles is
+    still freed at once by reference counting."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+

@@ -1,6 +1,6 @@
 """The gateway's state and its request path, free of HTTP: the backends, the routes and the
-plugin manager; picking a route's target (routing hook, circuit breakers, fallback); shadow
-copies; recording a finished request (metrics, breakers, the request log).
+plugin manager; picking a route's target (routing hook, circuit breakers, fallback); recording a
+finished request (metrics, breakers, the request log). Shadow copies: `gateway.shadow`.
 
 Owned by the app's lifespan (`app.state.gateway`), started once and closed in `finally`.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -21,119 +20,31 @@ import msgspec
 import pluggy
 
 from gateway.auth import Redactor, authorization_of
-from gateway.config import Config, ShadowConfig, resolve_backend_options
+from gateway.config import Config, resolve_backend_options
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics, observe_all
+from gateway.outcomes import BREAKER_KINDS, error_label, outcome_of, retry_kind
 from gateway.replica_metrics import BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
+from gateway.request_timer import RequestTimer
+from gateway.route_plan import RoutePlan, validate_routes
+from gateway.shadow import ShadowCopies
 from gateway.telemetry import Telemetry, build_telemetry
-from gateway.validation import check_capabilities
 from plugins import routing
-from plugins.errors import ConfigError, ModelNotFound, Overloaded, SwitchyardError, UpstreamError
+from plugins.errors import ModelNotFound, UpstreamError
 from plugins.health import HealthMonitor
 from plugins.manager import backend_types, build_plugin_manager
-from plugins.protocol import Backend, Event, ModelInfo, RequestSpec, TextDelta, Usage
+from plugins.protocol import Backend, Event, ModelInfo, RequestSpec, Usage
 from plugins.registry import Route, Target
 
 log = logging.getLogger("switchyard.gateway")
-
-# Upstream failures that say the backend is unwell: they count towards its circuit breaker.
-# (429 and a full queue say "busy", not "broken": they are retried on a fallback route but do
-# not open the breaker.)
-BREAKER_KINDS = frozenset({"bad_gateway", "timeout", "unavailable", "upstream_status"})
-
 
 @dataclass
 class Resolved:
     route: Route
     target: Target
     backend: Backend
-
-
-@dataclass(frozen=True)
-class RoutePlan:
-    """What the gateway needs per route besides the `Route` the plugins see, built once."""
-
-    route: Route
-    max_attempts: int = 1
-    shadow: ShadowConfig | None = None
-    shadow_model: str = ""
-    key_headers: tuple[str, ...] = ()  # client headers copied into spec.headers (lower case)
-    key_api_key: bool = False  # hash the client's API key into spec.headers
-    arms: Mapping[Target, str] = field(default_factory=dict)  # the request log's arm label per target
-    limits: RouteLimits = RouteLimits()
-
-    @classmethod
-    def build(
-        cls, route: Route, max_attempts: int | None = None, shadow: ShadowConfig | None = None, limits: RouteLimits = RouteLimits()
-    ) -> RoutePlan:
-        backends = [t.backend for t in route.targets]
-        unique = len(set(backends)) == len(backends)
-        arms = {t: t.backend if unique else f"{t.backend}/{t.model}" for t in route.targets}
-        headers: tuple[str, ...] = ()
-        api_key = False
-        if route.strategy == "sticky":
-            sources = routing.sticky_sources(route)
-            headers = tuple(s[len("header:") :].lower() for s in sources if s.startswith("header:"))
-            api_key = "api_key" in sources
-        if max_attempts is None:
-            max_attempts = len(route.targets) if route.strategy == "fallback" else 1
-        return cls(
-            route=route,
-            max_attempts=max_attempts,
-            shadow=shadow,
-            shadow_model=(shadow.model or route.name) if shadow else "",
-            key_headers=headers,
-            key_api_key=api_key,
-            arms=arms,
-            limits=limits,
-        )
-
-    def arm(self, target: Target) -> str:
-        return self.arms.get(target) or target.backend
-
-
-def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
-    """Every route names a strategy some plugin provides; the built-in strategies' options decode."""
-    strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
-    builtin_routing = pm.get_plugin("routing") is routing
-    for i, (route, resolved) in enumerate(zip(config.routes, config.routes_resolved())):
-        if route.strategy not in strategies:
-            raise ConfigError(
-                f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy` "
-                f"(known: {', '.join(sorted(strategies))})"
-            )
-        if builtin_routing and route.strategy in routing.STRATEGY_OPTIONS:
-            try:
-                routing.check_options(resolved, f"routes[{i}]")
-            except ConfigError as exc:
-                raise ConfigError(f"{config.source}: {exc.message}", param=exc.param) from None
-
-
-def retry_kind(error: BaseException) -> str | None:
-    """The error's kind when another target may be tried after it (connection error, timeout
-    before the first byte, 5xx, 429, a full queue); None when it is the request's own fault."""
-    if isinstance(error, Overloaded):
-        return "overloaded"
-    if isinstance(error, UpstreamError):
-        if error.kind == "upstream_status" and (error.upstream_status or 500) < 500:
-            return None
-        return error.kind
-    return None
-
-
-def error_label(error: BaseException) -> str:
-    """A short, bounded label for an error: the upstream kind, or the error class in snake case."""
-    if isinstance(error, UpstreamError):
-        return error.kind
-    if isinstance(error, SwitchyardError):
-        return error.code or _snake(type(error).__name__)
-    return "internal"
-
-
-def _snake(name: str) -> str:
-    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
 @dataclass
@@ -155,12 +66,13 @@ class Gateway:
     key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
     telemetry: Telemetry | None = field(init=False, default=None)  # None: tracing off
     _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
-    _shadows: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    shadows: ShadowCopies = field(init=False)  # a route's `shadow` copies in flight
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
     _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        self.shadows = ShadowCopies(self)
         self._in_flight_view = MappingProxyType(self.in_flight)
         self._load_view = BackendLoads(self.backends, self.in_flight)
         self.metrics.registry.register(ReplicaCollector(self.backends))
@@ -238,10 +150,7 @@ class Gateway:
         if self._cut is not None:
             self._cut.cancel()
         await self.health.close()
-        shadows = list(self._shadows)
-        for task in shadows:
-            task.cancel()
-        await asyncio.gather(*shadows, return_exceptions=True)
+        await self.shadows.close()
         results = await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -431,71 +340,6 @@ class Gateway:
                     plan.route.name, target.backend, kind, getattr(error, "message", error))
         return kind
 
-    # -- shadow copies -----------------------------------------------------------------------
-
-    def fork_shadow(self, spec: RequestSpec, plan: RoutePlan) -> None:
-        """Mirror `spec` to the route's shadow backend for `shadow.fraction` of requests, as a
-        task of its own: its output is discarded, its failures never reach the client, and the
-        client's request does not wait for it."""
-        shadow = plan.shadow
-        if shadow is None or (shadow.fraction < 1.0 and random.random() >= shadow.fraction):
-            return
-        route = plan.route.name
-        if len(self._shadows) >= shadow.max_concurrent:
-            self.metrics.shadow_skipped.labels(route, shadow.backend, "max_concurrent").inc()
-            return
-        if not self.health.can_route(shadow.backend):
-            self.metrics.shadow_skipped.labels(route, shadow.backend, "circuit_open").inc()
-            return
-        limiter = self.limiters.get(shadow.backend)
-        if limiter is not None and not limiter.can_admit_now():
-            self.metrics.shadow_skipped.labels(route, shadow.backend, "at_capacity").inc()
-            return
-        backend = self.backends[shadow.backend]
-        copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
-        try:
-            check_capabilities(copy, backend.capabilities(), backend.name)
-        except SwitchyardError:
-            self.metrics.shadow_skipped.labels(route, shadow.backend, "unsupported").inc()
-            return
-        target = Target(backend=shadow.backend, model=plan.shadow_model)
-        task = asyncio.get_running_loop().create_task(self._run_shadow(copy, plan, target, backend))
-        self._shadows.add(task)
-        task.add_done_callback(self._shadows.discard)
-
-    async def _run_shadow(self, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend) -> None:
-        timer = RequestTimer()
-        usage: Usage | None = None
-        error: BaseException | None = None
-        limiter = self.limiters.get(backend.name)
-        if limiter is not None and not limiter.try_acquire():
-            self.metrics.shadow_skipped.labels(plan.route.name, backend.name, "at_capacity").inc()
-            return
-        self.in_flight[backend.name] = self.in_flight.get(backend.name, 0) + 1
-        events = backend.generate(spec)
-        try:
-            async for event in events:
-                if isinstance(event, Usage):
-                    usage = event
-                elif is_token_event(event):
-                    timer.mark_tokens()
-        except BaseException as exc:  # recorded below; a shadow's failure goes nowhere else
-            error = exc
-        finally:
-            self.in_flight[backend.name] -= 1
-            if limiter is not None:
-                limiter.release()
-            try:
-                await events.aclose()  # type: ignore[attr-defined]
-            except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise
-                pass
-            arm = self.metrics.arm(plan.route.name, target.backend, shadow=True)
-            attempts = [Attempt(backend=target.backend, outcome="ok" if error is None else error_label(error))]
-            self.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True)
-        if isinstance(error, asyncio.CancelledError):
-            raise error
-
-
 class EventPump:
     """Runs a backend's event iterator in its own task and hands the consumer every event that
     is ready at once, so that a `Finish` yielded right after the last `TextDelta` can ride on
@@ -569,49 +413,3 @@ class EventPump:
                 await self._task
             except asyncio.CancelledError:
                 pass
-
-
-@dataclass
-class RequestTimer:
-    """Wall-clock marks of one request, for metrics and the `on_response` hook."""
-
-    start: float = field(default_factory=time.perf_counter)
-    wall_start: float = field(default_factory=time.time)
-    first_token: float | None = None
-    last_token: float | None = None
-    itl: list[float] = field(default_factory=list)
-
-    def mark_tokens(self) -> None:
-        now = time.perf_counter()
-        if self.first_token is None:
-            self.first_token = now
-        elif self.last_token is not None:
-            self.itl.append(now - self.last_token)
-        self.last_token = now
-
-    def as_dict(self) -> dict[str, Any]:
-        end = time.perf_counter()
-        ttft = None if self.first_token is None else self.first_token - self.start
-        return {"ttft": ttft, "e2e": end - self.start, "itl": self.itl}
-
-
-def outcome_of(error: BaseException | None) -> str:
-    if error is None:
-        return "ok"
-    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
-        return "cancelled"
-    if isinstance(error, SwitchyardError):
-        return f"error:{type(error).__name__}"
-    return "error:InternalError"
-
-
-def check_usage(usage: Usage | None, backend: str) -> Usage:
-    if usage is None:
-        raise UpstreamError(f"Backend `{backend}` ended the response without usage.", kind="bad_gateway")
-    if usage.prompt_tokens < 0 or usage.completion_tokens < 0:
-        raise UpstreamError(f"Backend `{backend}` reported negative token counts.", kind="bad_gateway")
-    return usage
-
-
-def is_token_event(event: Event) -> bool:
-    return not isinstance(event, Usage) and (not isinstance(event, TextDelta) or bool(event.text or event.logprobs))

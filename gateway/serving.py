@@ -21,20 +21,12 @@ from gateway.accounting import RequestAccounting
 from gateway.errors import error_payload
 from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
+from gateway.outcomes import check_usage, error_label, outcome_of, retry_kind
 from gateway.request_log import Attempt
+from gateway.request_timer import RequestTimer, is_token_event
+from gateway.route_plan import RoutePlan
 from gateway.schemas import ErrorResponse
-from gateway.service import (
-    EventPump,
-    Gateway,
-    RequestTimer,
-    Resolved,
-    RoutePlan,
-    check_usage,
-    error_label,
-    is_token_event,
-    outcome_of,
-    retry_kind,
-)
+from gateway.service import EventPump, Gateway, Resolved
 from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, RequestSpec, Usage
@@ -95,7 +87,7 @@ class Observed:
             if self.accounting is not None:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
-                gateway.fork_shadow(self.spec, plan)  # once per request, once it is known to be servable
+                gateway.shadows.fork(self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
             backend = resolved.backend.name
             gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
@@ -147,7 +139,7 @@ class Observed:
         assert self.resolved is not None
         self._leave()
         if self.accounting is not None:
-            self.accounting.on_attempt_failed(error)
+            self.accounting.on_attempt_failed(error, self.attempt_spec)  # type: ignore[arg-type]
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error
@@ -270,9 +262,17 @@ async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[Ev
         return Opened(observed, pump, first or [])
 
 
+class LastPiece(bytes):
+    """The last piece of a streamed body: the server sends it together with the end of the
+    response (one write instead of two)."""
+
+    __slots__ = ()
+
+
 async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[bytes]:
     """The streamed body of an opened request through `writer`; the backend is closed and the
-    request recorded exactly once, however the stream ends (completed, failed, client gone)."""
+    request recorded exactly once, however the stream ends (completed, failed, client gone).
+    A stream that ends by itself is recorded before its end goes out, as a `LastPiece`."""
     observed, pump = opened.observed, opened.pump
     usage: Usage | None = None
     error: BaseException | None = None
@@ -280,31 +280,35 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
         out = writer.start(opened.first)
         batch: list[Event] | None = opened.first
         while batch is not None:
-            if any(is_token_event(e) for e in batch):
-                observed.timer.mark_tokens()
-            if observed.accounting is not None:
-                observed.accounting.on_events(batch)
+            tokens = False
             for event in batch:
                 if isinstance(event, Usage):
                     usage = event
+                elif not tokens and is_token_event(event):
+                    tokens = True
+            if tokens:
+                observed.timer.mark_tokens()
+            if observed.accounting is not None:
+                observed.accounting.on_events(batch)
             out += writer.feed(batch)
             if out:
                 yield out
             out = b""
             batch = await pump.next_batch()
         observed.usage = check_usage(usage, opened.backend)
-        yield await writer.finish(observed.usage)
+        last = await writer.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
         payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        yield await writer.error(exc, payload)
+        last = await writer.error(exc, payload)
     except BaseException as exc:
         error = exc
         raise
     finally:
         await observed.close_pump(pump)
         observed.end(error)
+    yield LastPiece(last)
 
 
 async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable[[], Any],

@@ -7,7 +7,9 @@ SDK's batch processor, a thread of its own: exporting never waits on the event l
 loop on it. A client's own `traceparent` makes the request span its child.
 
 Attribute names follow the OpenTelemetry GenAI semantic conventions (`gen_ai.*`, `error.type`,
-`server.address`); what they do not name is under `switchyard.*` (route, backend, outcome).
+`server.address`); what they do not name is under `switchyard.*` (route, backend, replica,
+outcome). A fleet backend's attempt names the replica that served it (or was tried last), and
+`server.address` / `server.port` are that replica's.
 """
 
 from __future__ import annotations
@@ -126,11 +128,7 @@ class RequestTrace:
             "switchyard.backend": backend,
         }
         if base_url:
-            parts = urlsplit(base_url)
-            if parts.hostname:
-                attributes["server.address"] = parts.hostname
-            if parts.port:
-                attributes["server.port"] = parts.port
+            attributes.update(_server_attributes(base_url))
         context = api.set_span_in_context(self.span)
         self.attempt = self.telemetry.tracer.start_span(
             f"{self.operation} {upstream_model}", context=context, kind=api.SpanKind.CLIENT, attributes=attributes
@@ -139,9 +137,12 @@ class RequestTrace:
         self.telemetry.propagator.inject(carrier, context=api.set_span_in_context(self.attempt))
         return carrier
 
-    def end_attempt(self, error_type: str | None) -> None:
+    def end_attempt(self, error_type: str | None, replica: str | None = None) -> None:
+        """`replica`: the base URL a fleet backend sent the attempt to (`RequestSpec.replica`)."""
         if self.attempt is None:
             return
+        if replica is not None:
+            self.attempt.set_attributes(_replica_attributes(replica))
         self.attempt.set_attribute("switchyard.outcome", "ok" if error_type is None else error_type)
         if error_type is not None:
             self._failed(self.attempt, error_type)
@@ -152,6 +153,7 @@ class RequestTrace:
         self,
         *,
         backend: str | None,
+        replica: str | None,
         response_model: str | None,
         usage: Usage | None,
         ttft_s: float | None,
@@ -159,10 +161,12 @@ class RequestTrace:
         outcome: str,
         error_type: str | None,
     ) -> None:
-        self.end_attempt(error_type)
+        self.end_attempt(error_type, replica)
         span = self.span
         if backend is not None:
             span.set_attribute("switchyard.backend", backend)
+        if replica is not None:
+            span.set_attribute("switchyard.replica", replica)
         if response_model is not None:
             span.set_attribute("gen_ai.response.model", response_model)
         if usage is not None:
@@ -185,3 +189,17 @@ class RequestTrace:
         api = self.telemetry.trace_api
         span.set_attribute("error.type", error_type)
         span.set_status(api.Status(api.StatusCode.ERROR, error_type))
+
+
+def _server_attributes(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    attributes: dict[str, Any] = {}
+    if parts.hostname:
+        attributes["server.address"] = parts.hostname
+    if parts.port:
+        attributes["server.port"] = parts.port
+    return attributes
+
+
+def _replica_attributes(replica: str) -> dict[str, Any]:
+    return {"switchyard.replica": replica, **_server_attributes(replica)}

@@ -70,6 +70,11 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        # one timer per connection, moved lazily: a stream's idle deadline moves with every
+        # piece, and re-arming a loop timer per piece costs more than the rest of the wait
+        self.deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -101,6 +106,7 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
         self.closed = True
         self.pool._forget(self)
         if self.complete or self.error is not None:
@@ -162,13 +168,34 @@ class _Connection(asyncio.Protocol):
         """Until the parser reports something new; TimeoutError at loop time `deadline`."""
         loop = asyncio.get_running_loop()
         self.waiter = waiter = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _time_out, waiter)
+        self.deadline = deadline
+        if deadline is not None and (self._timer is None or self._timer_at > deadline):
+            self._arm(loop, deadline)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_at(at, self._on_timer, at)
+
+    def _on_timer(self, at: float) -> None:
+        self._timer = None
+        waiter, deadline = self.waiter, self.deadline
+        if waiter is None or waiter.done() or deadline is None:
+            return
+        if deadline <= at:
+            waiter.set_exception(TimeoutError())
+        else:  # the deadline moved on since the timer was set
+            self._arm(asyncio.get_running_loop(), deadline)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def send(self, request: bytes) -> None:
         self._reset()
@@ -176,6 +203,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(request)
 
     def close(self) -> None:
+        self._disarm()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -189,11 +217,6 @@ class _Connection(asyncio.Protocol):
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-
-
-def _time_out(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class Response:

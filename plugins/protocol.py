@@ -231,6 +231,7 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
     inputs: list[str] | list[list[int]]
     dimensions: int | None = None
     user: str | None = None
+    headers: dict[str, str] = {}  # as `RequestSpec.headers`: the W3C trace context for a proxied upstream
 
 
 class EmbedResult(msgspec.Struct, kw_only=True):

@@ -2,9 +2,9 @@
 
 One `plugins.http1.Pool` per backend (keep-alive connections), three separate timeouts
 (connect; first byte: from sending the request until the first body bytes; idle: between two
-body pieces), the incremental SSE parser (`plugins.sse_parser`), the mapping of upstream chunks
-to `plugins.protocol` events, and the mapping of upstream error bodies to `plugins.errors`,
-done once here. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
+body pieces), the incremental SSE parser (`plugins.sse_parser`); the mapping of upstream chunks
+to `plugins.protocol` events and of upstream error bodies to `plugins.errors` is
+`plugins.upstream_events`. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
 and override only what differs: the request body (`translate_*`), the catalogue, tokenization.
 
 Design points:
@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -42,16 +40,7 @@ import msgspec
 from msgspec import Meta
 
 from plugins import http1
-from plugins.errors import (
-    ConfigError,
-    ContextLengthExceeded,
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    RequestTooLarge,
-    SwitchyardError,
-    UpstreamError,
-)
+from plugins.errors import ConfigError, InvalidRequest, SwitchyardError, UpstreamError
 from plugins.fleet.fleet import Fleet
 from plugins.fleet.options import (
     BalanceName,
@@ -67,22 +56,16 @@ from plugins.protocol import (
     EmbedRequest,
     EmbedResult,
     Event,
-    Finish,
     ModelInfo,
-    ReasoningDelta,
     Rendered,
     RequestSpec,
-    TextDelta,
     TokenizeRequest,
     TokenizeResult,
-    TokenLogprob,
-    ToolCallDelta,
-    TopLogprob,
-    Usage,
 )
 from plugins.proxy_embeddings import embed_upstream
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.sse_parser import SSEParser
+from plugins.upstream_events import StreamNormalizer, error_from_body
 
 log = logging.getLogger("switchyard.proxy")
 
@@ -162,318 +145,6 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 value = "***"
             fields.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(fields)})"
-
-
-# ----------------------------------------------------------------------------- error mapping
-
-_OVERFLOW = re.compile(
-    r"maximum context length|context length|exceeds the available context size|context size|max_model_len"
-    r"|context window|too many tokens|prompt is too long",
-    re.IGNORECASE,
-)
-_OUTPUT_PARAMS = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
-
-
-def _error_fields(payload: Any) -> tuple[str, str | None, str | None]:
-    """(message, type, param) from an upstream error body, whatever its shape: OpenAI/vLLM/
-    llama.cpp `{"error": {...}}`, vLLM's 401 `{"error": "Unauthorized"}`, FastAPI's
-    `{"detail": ...}`, or plain text."""
-    if isinstance(payload, dict):
-        err = payload.get("error", payload)
-        if isinstance(err, str):
-            return err, None, None
-        if isinstance(err, dict):
-            message = err.get("message") or err.get("detail") or err.get("msg")
-            if not isinstance(message, str):
-                message = _json_encode(err).decode() if message is None else str(message)
-            etype = err.get("type")
-            param = err.get("param")
-            return message, etype if isinstance(etype, str) else None, param if isinstance(param, str) else None
-    if isinstance(payload, str):
-        return payload, None, None
-    return _json_encode(payload).decode(), None, None
-
-
-def _clean_param(param: str | None) -> str | None:
-    if not param:
-        return None
-    return param.removeprefix("body.")
-
-
-def map_upstream_error(status: int, payload: Any, *, backend: str, spec: RequestSpec | None = None) -> SwitchyardError:
-    """The one mapping of an upstream error (HTTP status + parsed body) onto the gateway's
-    typed errors. The upstream's message is kept as it is."""
-    message, etype, param = _error_fields(payload)
-    message = message.strip() or f"Backend `{backend}` answered HTTP {status}."
-    param = _clean_param(param)
-    if etype == "exceed_context_size_error" or (400 <= status < 500 and status != 429 and _OVERFLOW.search(message)):
-        if param in _OUTPUT_PARAMS:
-            where = "max_tokens"
-        else:
-            where = "prompt" if spec is not None and spec.kind == "completion" else "messages"
-        return ContextLengthExceeded(message, param=where)
-    if status == 429:
-        return UpstreamError(message, kind="rate_limited", upstream_status=429)
-    if status in (401, 403):
-        # the gateway's own credentials for this upstream are wrong: never the client's fault
-        return UpstreamError(f"Backend `{backend}` refused the gateway's credentials: {message}", kind="bad_gateway",
-                             upstream_status=status)
-    if status == 404:
-        if spec is not None and (param == "model" or etype == "NotFoundError"):
-            return ModelNotFound(spec.model)
-        return NotFound(message)
-    if status == 413:
-        return RequestTooLarge(message)
-    if 400 <= status < 500:
-        return InvalidRequest(message, param=param)
-    if status == 503:
-        return UpstreamError(message, kind="unavailable", upstream_status=503)
-    if status >= 500:
-        return UpstreamError(message, kind="upstream_status", upstream_status=status)
-    return UpstreamError(f"Backend `{backend}` answered HTTP {status}: {message}", kind="bad_gateway",
-                         upstream_status=status)
-
-
-def error_from_body(status: int, body: bytes, *, backend: str, spec: RequestSpec | None = None) -> SwitchyardError:
-    try:
-        payload: Any = _json_decode(body) if body else ""
-    except msgspec.DecodeError:
-        payload = body[:2000].decode("utf-8", errors="replace")
-    return map_upstream_error(status, payload, backend=backend, spec=spec)
-
-
-def _status_of_error_event(payload: dict) -> int:
-    err = payload.get("error")
-    code = err.get("code") if isinstance(err, dict) else None
-    if isinstance(code, int) and 400 <= code < 600:
-        return code
-    if isinstance(code, str) and code.isdigit():
-        return int(code)
-    return 500
-
-
-# ------------------------------------------------------------------------------- normalizer
-
-_FINISH = {
-    "stop": "stop",
-    "eos": "stop",
-    "length": "length",
-    "tool_calls": "tool_calls",
-    "function_call": "tool_calls",
-    "content_filter": "stop",  # not in protocol.FinishReason (yet)
-}
-
-
-def _logprobs(raw: Any) -> list[TokenLogprob] | None:
-    """Chat `{"content": [...]}` items (llama.cpp's extra `id` dropped) or legacy completions'
-    `{"tokens", "token_logprobs", "top_logprobs"}` → TokenLogprob list."""
-    if not isinstance(raw, dict):
-        return None
-    content = raw.get("content")
-    if isinstance(content, list):
-        out = []
-        for item in content:
-            top = [
-                TopLogprob(token=t.get("token", ""), logprob=float(t.get("logprob", 0.0)), bytes=t.get("bytes"))
-                for t in item.get("top_logprobs") or ()
-            ]
-            out.append(TokenLogprob(token=item.get("token", ""), logprob=float(item.get("logprob", 0.0)),
-                                    bytes=item.get("bytes"), top_logprobs=top))
-        return out or None
-    tokens = raw.get("tokens")
-    if isinstance(tokens, list):
-        lps = raw.get("token_logprobs") or []
-        tops = raw.get("top_logprobs") or []
-        out = []
-        for i, token in enumerate(tokens):
-            lp = lps[i] if i < len(lps) and lps[i] is not None else 0.0
-            top_map = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
-            top = [TopLogprob(token=k, logprob=float(v)) for k, v in top_map.items()]
-            out.append(TokenLogprob(token=token, logprob=float(lp), bytes=list(token.encode()), top_logprobs=top))
-        return out or None
-    return None
-
-
-def _stop_string(choice: dict, chunk: dict) -> str | None:
-    """The stop string that ended a choice: vLLM's `stop_reason` (a string; a stop token id is
-    an int), or llama.cpp's `__verbose.stopping_word` (sent when the request has `verbose`)."""
-    matched = choice.get("stop_reason")
-    if isinstance(matched, str) and matched:
-        return matched
-    verbose = chunk.get("__verbose")
-    if isinstance(verbose, dict) and verbose.get("stop_type") == "word":
-        word = verbose.get("stopping_word")
-        return word if isinstance(word, str) and word else None
-    return None
-
-
-def usage_from(raw: dict, timings: Any = None) -> Usage:
-    details = raw.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if cached is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        cached = timings["cache_n"]  # llama.cpp builds without prompt_tokens_details
-    completion = raw.get("completion_tokens_details")
-    reasoning = completion.get("reasoning_tokens") if isinstance(completion, dict) else None
-    return Usage(
-        prompt_tokens=int(raw.get("prompt_tokens") or 0),
-        completion_tokens=int(raw.get("completion_tokens") or 0),
-        cached_tokens=None if cached is None else int(cached),
-        reasoning_tokens=int(reasoning) if isinstance(reasoning, int) else None,
-    )
-
-
-class StreamNormalizer:
-    """Upstream chunks (`chat.completion.chunk` / `text_completion`, one SSE `data` each) →
-    protocol events. Text with a `finish_reason` in the same chunk comes out as TextDelta then
-    Finish; empty deltas are dropped; the usage (whichever chunk carries it: vLLM's and
-    llama.cpp's `choices: []` chunk, llama.cpp's last /v1/completions chunk) comes out once, by
-    `finish()`, after the stream ended."""
-
-    def __init__(self, *, kind: str, n: int, backend: str, spec: RequestSpec | None = None,
-                 content_calls: Callable[[], Any] | None = None) -> None:
-        """`content_calls`: for a tool_choice the gateway enforced itself with a grammar, a
-        factory of the `builtin_engine.tool_parsers` parser that reads the upstream's content
-        as tool calls (one per choice)."""
-        self.chat = kind == "chat"
-        self.n = n
-        self.backend = backend
-        self.spec = spec
-        self.finished: set[int] = set()
-        self.usage: Usage | None = None
-        self.done = False  # `data: [DONE]` seen
-        self.tool_named: dict[tuple[int, int], bool] = {}  # (choice, tool index) -> its name went out
-        self.content_calls = content_calls
-        self.content_parsers: dict[int, Any] = {}
-
-    def feed_data(self, data: str) -> list[Event]:
-        if data == "[DONE]":
-            self.done = True
-            return []
-        try:
-            obj = _json_decode(data)
-        except msgspec.DecodeError:
-            raise UpstreamError(f"Backend `{self.backend}` sent an event that is not JSON: {data[:200]!r}",
-                                kind="bad_gateway") from None
-        if not isinstance(obj, dict):
-            raise UpstreamError(f"Backend `{self.backend}` sent an unexpected event: {data[:200]!r}", kind="bad_gateway")
-        return self.feed(obj)
-
-    def feed(self, obj: dict) -> list[Event]:
-        """One chunk's events. A chunk of the wrong shape (`choices` not a list of objects, a
-        token count that is not a number...) is the upstream's fault like bad JSON is: an
-        `UpstreamError`, never a TypeError escaping as a 500 or cutting a stream short."""
-        try:
-            return self._feed(obj)
-        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
-            raise UpstreamError(f"Backend `{self.backend}` sent a chunk of an unexpected shape "
-                                f"({type(exc).__name__}: {exc}).", kind="bad_gateway") from None
-
-    def _feed(self, obj: dict) -> list[Event]:
-        if "error" in obj and not obj.get("choices"):
-            raise map_upstream_error(_status_of_error_event(obj), obj, backend=self.backend, spec=self.spec)
-        events: list[Event] = []
-        for choice in obj.get("choices") or ():
-            index = choice.get("index", 0)
-            if not isinstance(index, int) or index in self.finished:
-                continue
-            if index >= self.n:
-                raise UpstreamError(f"Backend `{self.backend}` sent choice {index} of {self.n}.", kind="bad_gateway")
-            if self.chat:
-                delta = choice.get("delta") or choice.get("message") or {}
-                text = delta.get("content")
-                # vLLM >= 0.10 names it `reasoning`; llama.cpp, DeepSeek and older vLLM `reasoning_content`
-                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-                if isinstance(reasoning, str) and reasoning:
-                    events.append(ReasoningDelta(text=reasoning, index=index))
-                events += self._tool_calls(index, delta.get("tool_calls"))
-            else:
-                text = choice.get("text")
-            logprobs = _logprobs(choice.get("logprobs"))
-            reason = choice.get("finish_reason")
-            if self.chat and self.content_calls is not None:
-                text = self._content_calls(index, text or "", events, ended=bool(reason))
-            if text or logprobs:
-                events.append(TextDelta(text=text or "", index=index, logprobs=logprobs))
-            if reason:
-                reason = self._reason(reason)
-                parser = self.content_parsers.get(index)
-                if reason == "stop" and parser is not None and parser.num_calls and parser.calls_finish_as_tool_calls:
-                    reason = "tool_calls"
-                stop_sequence = _stop_string(choice, obj) if reason == "stop" else None
-                events.append(Finish(reason=reason, index=index, stop_sequence=stop_sequence))  # type: ignore[arg-type]
-                self.finished.add(index)
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage_from(usage, obj.get("timings"))
-            if self.spec is not None and self.spec.continuous_usage_stats:
-                events.append(self.usage)
-        return events
-
-    def _content_calls(self, index: int, text: str, events: list[Event], *, ended: bool) -> str:
-        """Content read as tool calls (`content_calls`): the calls go into `events`; what is
-        left as content is returned."""
-        parser = self.content_parsers.get(index)
-        if parser is None:
-            assert self.content_calls is not None
-            parser = self.content_parsers[index] = self.content_calls()
-        pieces = (parser.feed(text) if text else []) + (parser.finish() if ended else [])
-        content = []
-        for piece in pieces:
-            if isinstance(piece, str):
-                content.append(piece)
-            else:
-                events.append(ToolCallDelta(tool_index=piece.tool_index, arguments=piece.arguments, id=piece.id,
-                                            name=piece.name, index=index))
-        return "".join(content)
-
-    def _tool_calls(self, index: int, calls: Any) -> list[ToolCallDelta]:
-        """Upstream tool-call deltas in one shape: a call's first delta carries its id (made up
-        when the upstream sent none) and function name, later ones only argument text (ids and
-        names an upstream repeats are dropped). A whole message's calls have no `index`: their
-        position is it."""
-        out: list[ToolCallDelta] = []
-        for position, call in enumerate(calls if isinstance(calls, list) else ()):
-            if not isinstance(call, dict):
-                continue
-            tool_index = call.get("index")
-            tool_index = tool_index if isinstance(tool_index, int) else position
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-            args = fn.get("arguments")
-            if args is not None and not isinstance(args, str):  # an object instead of its JSON text
-                args = _json_encode(args).decode()
-            name = fn.get("name") if isinstance(fn.get("name"), str) else None
-            key = (index, tool_index)
-            if key not in self.tool_named:
-                self.tool_named[key] = bool(name)
-                call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
-                out.append(ToolCallDelta(tool_index=tool_index, arguments=args or "",
-                                         id=call_id or f"call_{uuid.uuid4().hex[:24]}", name=name or None, index=index))
-            elif args or (name and not self.tool_named[key]):
-                send_name = name if name and not self.tool_named[key] else None
-                self.tool_named[key] = self.tool_named[key] or bool(name)
-                out.append(ToolCallDelta(tool_index=tool_index, arguments=args or "", name=send_name, index=index))
-        return out
-
-    def feed_response(self, obj: dict) -> list[Event]:
-        """A whole non-streamed `chat.completion` / `text_completion` object (`message` is
-        read like a delta)."""
-        return self.feed(obj)
-
-    def _reason(self, reason: str) -> str:
-        if reason in ("abort", "error"):
-            raise UpstreamError(f"Backend `{self.backend}` ended the generation with finish_reason {reason!r}.",
-                                kind="bad_gateway")
-        return _FINISH.get(reason, "stop")
-
-    def finish(self) -> Usage:
-        missing = set(range(self.n)) - self.finished
-        if missing:
-            raise UpstreamError(f"Backend `{self.backend}` ended the stream before choice {min(missing)} finished.",
-                                kind="bad_gateway")
-        if self.usage is None:
-            raise UpstreamError(f"Backend `{self.backend}` sent no usage although it was asked for "
-                                "(`stream_options.include_usage`).", kind="bad_gateway")
-        return self.usage
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -640,15 +311,17 @@ class ProxyBackend:
 
     # -- plain JSON requests (catalogue, tokenize) --------------------------------------------
 
-    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None) -> Any:
-        """A side request (catalogue, tokens) to the least loaded replica that can take it."""
+    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None,
+                            headers: dict[str, str] | None = None) -> Any:
+        """A request that is no stream (catalogue, tokens, embeddings) to the least loaded replica
+        that can take it, with `headers` besides the content type."""
         t = self.options.timeouts
         replica = self.fleet.any_replica()
         deadline = asyncio.get_running_loop().time() + t.first_byte_s
         try:
             response = await replica.pool.request(
                 method, path, b"" if body is None else _json_encode(body),
-                {"content-type": "application/json"} if body is not None else None, deadline=deadline,
+                {"content-type": "application/json", **(headers or {})} if body is not None else headers, deadline=deadline,
             )
             try:
                 content = await response.read(None if response.status < 400 else MAX_ERROR_BODY, deadline)
@@ -747,11 +420,18 @@ class ProxyBackend:
         return body
 
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept": "text/event-stream", "x-request-id": spec.request_id}
-        for name in TRACE_HEADERS:  # W3C trace context the gateway's tracing put there
-            if name in spec.headers:
-                headers[name] = spec.headers[name]
-        return headers
+        return {"content-type": "application/json", "accept": "text/event-stream",
+                **self.upstream_ids(spec.request_id, spec.headers)}
+
+    @staticmethod
+    def upstream_ids(request_id: str, client_headers: dict[str, str]) -> dict[str, str]:
+        """What identifies a request upstream: its id, and the W3C trace context the gateway's
+        tracing put in `client_headers`."""
+        ids = {"x-request-id": request_id}
+        for name in TRACE_HEADERS:
+            if name in client_headers:
+                ids[name] = client_headers[name]
+        return ids
 
     def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """`stream_upstream`, with `<think>` text split out of the content when the options say so."""

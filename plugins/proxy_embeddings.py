@@ -28,7 +28,8 @@ async def embed_upstream(backend: ProxyBackend, request: EmbedRequest) -> EmbedR
         body["dimensions"] = request.dimensions
     if request.user is not None:
         body["user"] = request.user
-    answer = await backend._request_json("POST", "/v1/embeddings", body)
+    answer = await backend._request_json("POST", "/v1/embeddings", body,
+                                         headers=backend.upstream_ids(request.request_id, request.headers))
     try:
         return _result(answer, len(request.inputs), request.dimensions)
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

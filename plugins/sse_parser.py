@@ -54,6 +54,10 @@ class SSEParser:
         """Add bytes; return the events completed by them (possibly none)."""
         if not piece:
             return []
+        if not self._buf and not self._pending_cr and not self._has_data and not self._event and not self._first_line:
+            events = self._whole_data_events(piece)
+            if events is not None:
+                return events
         if self._pending_cr:
             self._pending_cr = False
             if piece[:1] == b"\n":
@@ -84,6 +88,20 @@ class SSEParser:
             start = nxt
         if start:
             del buf[:start]
+        return events
+
+    def _whole_data_events(self, piece: bytes) -> list[SSEEvent] | None:
+        """The common case read without the line machinery: a piece that is nothing but whole
+        `data: ...` events of one line each (LF line ends), as every engine sends. None when
+        the piece is anything else (the caller parses it line by line)."""
+        if b"\r" in piece or not piece.endswith(b"\n\n"):
+            return None
+        parts = piece[:-2].split(b"\n\n")
+        events = []
+        for part in parts:
+            if not part.startswith(b"data: ") or b"\n" in part:
+                return None
+            events.append(SSEEvent(part[6:].decode("utf-8", errors="replace"), "message", self._last_id))
         return events
 
     def close(self) -> list[SSEEvent]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
+from litestar.params import FromPath
 from litestar.datastructures import State
 
 from gateway.http_common import authorize, decode_body, response_headers, serve
@@ -86,7 +87,7 @@ def _bound(fn: Callable[..., Any], responses: service.ResponsesState, turn: serv
 
 
 @get("/v1/responses/{response_id:str}", summary="Retrieve a stored response.")
-async def get_response(request: Request, state: State, response_id: str) -> Response:
+async def get_response(request: Request, state: State, response_id: FromPath[str]) -> Response:
     store = _state(state).store
     stored = await store.get(response_id) if store is not None else None
     if stored is None:
@@ -96,7 +97,7 @@ async def get_response(request: Request, state: State, response_id: str) -> Resp
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response.")
-async def delete_response(request: Request, state: State, response_id: str) -> Response:
+async def delete_response(request: Request, state: State, response_id: FromPath[str]) -> Response:
     store = _state(state).store
     stored = await store.get(response_id) if store is not None else None
     if stored is None or store is None:
@@ -107,7 +108,7 @@ async def delete_response(request: Request, state: State, response_id: str) -> R
 
 
 @post("/v1/responses/{response_id:str}/cancel", status_code=200, summary="Cancel a response in progress.")
-async def cancel_response(request: Request, state: State, response_id: str) -> Response:
+async def cancel_response(request: Request, state: State, response_id: FromPath[str]) -> Response:
     """Ends a response this gateway process is generating (its stream ends with status
     "cancelled"); a finished response cannot be cancelled."""
     responses = _state(state)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plugins.errors import SwitchyardError
-from plugins.proxy import StreamNormalizer
+from plugins.upstream_events import StreamNormalizer
 from plugins.protocol import RequestSpec, SamplingParams
 from plugins.sse_parser import SSEEvent, SSEParser
 

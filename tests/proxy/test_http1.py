@@ -284,3 +284,37 @@ def test_garbage_is_a_protocol_error() -> None:
             await pool.aclose()
 
     run(main())
+
+
+def test_the_idle_timer_follows_a_moving_deadline_and_fires_at_the_last_one() -> None:
+    """One loop timer per connection: a later deadline keeps the armed timer, which re-arms
+    itself at the current deadline when it fires early; an earlier deadline re-arms it at once.
+    The timer is fired by hand here, so nothing depends on the clock."""
+
+    async def main() -> None:
+        pool = http1.Pool("http://127.0.0.1:9")
+        conn = http1._Connection(pool)
+        now = asyncio.get_running_loop().time()
+        first = asyncio.create_task(conn.wait(now + 100))
+        await asyncio.sleep(0)
+        assert conn._timer_at == now + 100
+        conn._wake()  # a piece arrived
+        await first
+        second = asyncio.create_task(conn.wait(now + 200))  # the idle deadline moved on
+        await asyncio.sleep(0)
+        assert conn._timer_at == now + 100  # not re-armed per piece
+        conn._on_timer(now + 100)  # the old timer fires while the deadline is later: re-armed, no timeout
+        assert conn._timer_at == now + 200 and not second.done()
+        conn._wake()
+        await second
+        third = asyncio.create_task(conn.wait(now + 50))  # an earlier deadline re-arms at once
+        await asyncio.sleep(0)
+        assert conn._timer_at == now + 50
+        conn._on_timer(now + 50)
+        with pytest.raises(TimeoutError):
+            await third
+        conn.close()
+        assert conn._timer is None
+        await pool.aclose()
+
+    run(main())

@@ -17,7 +17,7 @@ from plugins.errors import InvalidRequest
 from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions, regex_grammar
 from plugins.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.protocol import Capabilities, Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta
-from plugins.proxy import StreamNormalizer
+from plugins.upstream_events import StreamNormalizer
 from plugins.vllm import VLLMBackend, VLLMOptions
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},

@@ -24,6 +24,8 @@ A word `fault:<name>` in the prompt makes that request misbehave:
 | `echo_auth` | answers 401 quoting the `Authorization` header it got (as some APIs do) |
 | `echo_auth_event` | two chunks, then an error event quoting the `Authorization` header |
 
+`POST /v1/embeddings` answers one small vector per input.
+
 `GET /_stats` tells what happened, seen from the upstream: the connections open now and, per
 request (keyed by its `x-request-id`), the fault, the `Authorization` and `traceparent` headers received, and the
 outcome: `completed`, `client_closed` (the client hung up before the upstream was done: the
@@ -161,6 +163,8 @@ class Upstream:
             return await self.json(conn, 200, {"ok": True})
         if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             return await self.generate(conn, path, headers, json.loads(body))
+        if method == "POST" and path == "/v1/embeddings":
+            return await self.embeddings(conn, path, headers, json.loads(body))
         return await self.json(conn, 404, {"error": {"message": f"no route {method} {path}", "type": "not_found_error", "code": 404}})
 
     async def json(self, conn: Connection, status: int, obj: Any, *, keep_alive: bool = True) -> bool:
@@ -171,6 +175,19 @@ class Upstream:
         )
         await conn.send(head.encode() + data)
         return keep_alive
+
+    async def embeddings(self, conn: Connection, path: str, headers: dict[str, str], body: dict[str, Any]) -> bool:
+        """One vector per input: its length in characters and words (recorded like a generation)."""
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        self.counter += 1
+        rid = headers.get("x-request-id") or f"anon-{self.counter}"
+        self.requests[rid] = RequestRecord(id=rid, path=path, fault="ok", authorization=headers.get("authorization", ""),
+                                           traceparent=headers.get("traceparent", ""), outcome="completed", ended=time.time())
+        data = [{"object": "embedding", "index": i, "embedding": [float(len(text)), float(len(text.split()))]}
+                for i, text in enumerate(inputs)]
+        tokens = sum(len(text.split()) for text in inputs)
+        return await self.json(conn, 200, {"object": "list", "data": data, "model": body["model"],
+                                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # -- generation ---------------------------------------------------------------------------
 

@@ -31,6 +31,18 @@ type = "vllm"
 [backends.options]
 base_url = "{url}"
 models = {{ "m-{name}" = "up" }}
+embeddings = true
+[backends.options.timeouts]
+connect_s = 1.0
+"""
+    backends += f"""
+[[backends]]
+name = "fleet"
+type = "vllm"
+[backends.options]
+endpoints = ["{dead}", "{upstream}"]
+balance = "round_robin"
+models = {{ "m-fleet" = "up" }}
 [backends.options.timeouts]
 connect_s = 1.0
 """
@@ -163,6 +175,52 @@ def test_a_responses_api_request_is_traced_the_same_way(gateway: str, upstream: 
     assert attempt.parent_span_id == request.span_id
     seen = upstream.request(request_id)
     assert seen is not None and seen["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+
+
+def test_a_fleet_attempt_names_its_replica(gateway: str, upstream: FaultyUpstream, receiver: OTLPReceiver) -> None:
+    """A fleet backend whose first replica is down retries on the next one: the spans name
+    the replica that served (`switchyard.replica`, and it is the attempt's `server.*`)."""
+    for _ in range(2):  # round robin: one of the two requests starts on the dead replica
+        trace_id = secrets.token_hex(16)
+        request_id = "traced-" + secrets.token_hex(4)
+        with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as client:
+            client.chat.completions.create(
+                model="m-fleet",
+                messages=[{"role": "user", "content": "which replica"}],
+                max_tokens=5,
+                extra_headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01", "x-request-id": request_id},
+            )
+        spans = _spans(receiver, trace_id, 2)
+        (request,) = [s for s in spans if s.kind == "SERVER"]
+        (attempt,) = [s for s in spans if s.kind == "CLIENT"]
+        assert request.attributes["switchyard.replica"] == attempt.attributes["switchyard.replica"] == upstream.url
+        assert attempt.attributes["server.port"] == int(upstream.url.rsplit(":", 1)[1])
+        seen = upstream.request(request_id)
+        assert seen is not None and seen["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+
+
+def test_an_embeddings_request_is_traced_and_its_traceparent_goes_upstream(
+    gateway: str, upstream: FaultyUpstream, receiver: OTLPReceiver
+) -> None:
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    request_id = "traced-" + secrets.token_hex(4)
+    with openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0) as client:
+        result = client.embeddings.create(
+            model="fallback",
+            input=["one two three", "four"],
+            extra_headers={"traceparent": f"00-{trace_id}-{client_span}-01", "x-request-id": request_id},
+        )
+    assert [d.embedding for d in result.data] == [[13.0, 3.0], [4.0, 1.0]]
+    spans = _spans(receiver, trace_id, 3)
+    (request,) = [s for s in spans if s.kind == "SERVER"]
+    dead, served = sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.attributes["switchyard.backend"])
+    assert (request.name, request.parent_span_id) == ("embeddings fallback", client_span)
+    assert request.attributes["gen_ai.usage.input_tokens"] == result.usage.prompt_tokens == 4
+    assert (request.attributes["switchyard.backend"], request.attributes["switchyard.outcome"]) == ("up-ok", "ok")
+    assert dead.attributes["error.type"] == "bad_gateway" and served.parent_span_id == request.span_id
+    seen = upstream.request(request_id)
+    assert seen is not None and seen["path"] == "/v1/embeddings"
+    assert seen["traceparent"] == f"00-{trace_id}-{served.span_id}-01"
 
 
 def test_a_failed_request_is_an_error_span(gateway: str, receiver: OTLPReceiver) -> None:
