@@ -22,8 +22,10 @@ the same prefix with another suffix. Each cell runs `--repeats` times; medians a
 
 Threads: every engine gets `--threads` (torch threads for builtin and hf, `-t` for llama.cpp,
 VLLM_CPU_OMP_THREADS_BIND=0-(threads-1) for vLLM, which by default keeps one of two cores for
-its scheduler). Precision: each engine's own CPU default (`--builtin-dtype` float32, `--hf-dtype`
-float32, `--vllm-dtype` bfloat16; llama.cpp runs the Q4_1 GGUF as it is).
+its scheduler) and the same OpenMP wait: importing `builtin_engine` sets GOMP_SPINCOUNT=1000 (see
+`builtin_engine.cpu_threads`) in this process's environment, which vLLM and llama.cpp inherit.
+Precision: each engine's own CPU default (`--builtin-dtype` float32, `--hf-dtype` float32,
+`--vllm-dtype` bfloat16; llama.cpp runs the Q4_1 GGUF as it is).
 
     .venv/bin/python bench/engines_compare.py                         # ~15 min on 2 cores
     .venv/bin/python bench/engines_compare.py --engines builtin llamacpp --streams 1 32
@@ -47,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import builtin_engine  # noqa: E402, F401 - caps OpenMP spin-waits before torch loads: in every engine started here
 
 from bench.common import (  # noqa: E402
     RESULTS,

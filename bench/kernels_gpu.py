@@ -81,11 +81,15 @@ from kernels.sampling import sample_reference, sample_triton  # noqa: E402
 
 DEVICE = torch.device("cpu" if ARGS.smoke else "cuda")
 BF16, FP32 = torch.bfloat16, torch.float32
-# (rtol, atol): bfloat16 results may differ by an ulp of rounding; attention also rounds the
-# softmax weights to bfloat16 for the tensor-core PV product.
+# (rtol, atol): bfloat16 results may differ by an ulp at each rounding point (norm and rotary round
+# twice, as transformers does; Triton's interpreter truncates); a rotary output is a difference of
+# rounded products that may cancel on one side only; attention also rounds the softmax weights to
+# bfloat16 for the PV product.
 TOL = {
     ("elementwise", FP32): (1e-5, 1e-5),
-    ("elementwise", BF16): (1.6e-2, 1e-5),
+    ("elementwise", BF16): (3.2e-2, 1e-5),
+    ("cancelling", FP32): (1e-5, 1e-5),
+    ("cancelling", BF16): (3.2e-2, 3.2e-2),
     ("attention", FP32): (1e-4, 1e-5),
     ("attention", BF16): (2e-2, 2e-2),
 }
@@ -190,8 +194,8 @@ def correctness() -> None:
         q_ref, k_ref = q.clone(), k.clone()
         rotary_reference(q_ref, k_ref, positions, table)
         rotary_triton(q, k, positions, table)
-        check(f"rotary q {tag}", q, q_ref)
-        check(f"rotary k {tag}", k, k_ref)
+        check(f"rotary q {tag}", q, q_ref, "cancelling")
+        check(f"rotary k {tag}", k, k_ref, "cancelling")
 
         k_cache, v_cache, _ = paged_kv([tokens * 2], dtype, g)
         slots = torch.randperm(k_cache.shape[0] * BLOCK, generator=g, device=DEVICE)[:tokens]

@@ -14,5 +14,10 @@ checkpoints (one concept per module).
     request_handle     the consumer's end of a request
     model_store, tokenizer, chat_template, detokenizer   the text side
 
-Importing this package imports nothing heavy; `builtin_engine.engine` imports torch.
+Importing this package imports nothing heavy; `builtin_engine.engine` imports torch. It caps
+OpenMP's spin-wait before torch loads (`cpu_threads.default_openmp_env`).
 """
+
+from builtin_engine.cpu_threads import default_openmp_env
+
+default_openmp_env()

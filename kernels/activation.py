@@ -1,6 +1,6 @@
 """Fused SiLU-and-multiply of the gated MLP: out = silu(x[:, :I]) * x[:, I:].
 
-Computed in float32 and rounded once to x's dtype.
+Rounded where transformers rounds: silu(gate) to x's dtype, then the product (float32: no rounding).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def _silu_and_mul_kernel(
     mask = cols < intermediate_size
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     up = tl.load(x_ptr + row * stride_x + intermediate_size + cols, mask=mask, other=0.0)
-    out = gate / (1.0 + tl.exp(-gate)) * up.to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    dtype = out_ptr.dtype.element_ty
+    out = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up.to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, out.to(dtype), mask=mask)
 
 
 def _check_args(x: Tensor) -> None:
@@ -46,8 +47,8 @@ def _check_args(x: Tensor) -> None:
 def silu_and_mul_reference(x: Tensor) -> Tensor:
     """x: [T, 2 * I] -> [T, I] in x's dtype."""
     _check_args(x)
-    gate, up = x.float().chunk(2, dim=-1)  # [T, I] each
-    return (F.silu(gate) * up).to(x.dtype)
+    gate, up = x.chunk(2, dim=-1)  # [T, I] each
+    return F.silu(gate) * up
 
 
 def silu_and_mul_triton(x: Tensor) -> Tensor:

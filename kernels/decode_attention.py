@@ -203,6 +203,16 @@ def _check_args(
     )
 
 
+def softmax_times_v(scores: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """softmax(scores) @ v for float32 scores [N, R, S] and v [N, S, D]. Below float32, as sdpa's CPU
+    kernel and the Triton kernels do: the unnormalized weights exp(s - max) are rounded to `dtype`
+    before the matmul and the sum of the unrounded ones divides after it."""
+    if dtype == torch.float32:
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return torch.bmm(weights.to(dtype).float(), v).div_(weights.sum(dim=-1, keepdim=True))
+
+
 def gather_heads(k_cache: Tensor, v_cache: Tensor, block_ids: Tensor) -> tuple[Tensor, Tensor]:
     """caches: [num_blocks, block_size, Hkv, D], block_ids: [n] int64 -> (K, V), each
     [Hkv, n * block_size, D], float32, contiguous: the positions of the listed blocks, in order,
@@ -290,7 +300,7 @@ def _decode_group(
     scores = torch.bmm(rows, k.transpose(1, 2)).mul_(scale)  # [Hkv * B, G, L]
     hidden = torch.arange(length, device=q.device) >= seq_lens[:, None]  # [B, L]
     scores.view(num_kv_heads, batch, group, length).masked_fill_(hidden[None, :, None, :], float("-inf"))
-    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv * B, G, D]
+    out = softmax_times_v(scores, v, q.dtype)  # [Hkv * B, G, D]
     out = out.view(num_kv_heads, batch, group, head_dim).transpose(0, 1)  # [B, Hkv, G, D]
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
 

@@ -1,6 +1,7 @@
 """RMSNorm, plain and fused with the residual add: one Triton kernel and its torch reference.
 
-out = x / sqrt(mean(x**2) + eps) * weight, computed in float32 and rounded once to x's dtype.
+out = x / sqrt(mean(x**2) + eps) * weight, with transformers' rounding points: the normalized x is
+rounded to x's dtype, then multiplied by weight and rounded again (float32: no rounding at all).
 The fused form first rounds residual_out = x + residual to x's dtype (as the unfused model does)
 and normalizes that rounded value.
 """
@@ -56,8 +57,9 @@ def _rms_norm_kernel(
     variance = tl.sum(x * x, axis=0) / hidden_size
     rstd = 1.0 / tl.sqrt(variance + eps)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = x * rstd * weight
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    dtype = out_ptr.dtype.element_ty
+    out = (x * rstd).to(dtype).to(tl.float32) * weight
+    tl.store(out_ptr + row * stride_out + cols, out.to(dtype), mask=mask)
 
 
 def _check_args(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> None:
@@ -82,7 +84,8 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     _check_args(x, None, weight, eps)
     xf = x.float()  # [T, H]
     rstd = torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)  # [T, 1]
-    return (xf * rstd * weight.float()).to(x.dtype)
+    normed = (xf * rstd).to(x.dtype).float()  # [T, H]
+    return (normed * weight.float()).to(x.dtype)
 
 
 def fused_add_rms_norm_reference(

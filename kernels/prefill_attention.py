@@ -23,7 +23,7 @@ from torch import Tensor
 from kernels import cpu_ext
 from kernels._checks import check_same_device, check_size, check_tensor, check_unit_last_stride
 from kernels._launch import launchable, next_power_of_2
-from kernels.decode_attention import check_paged_kv, dot_config, gather_heads
+from kernels.decode_attention import check_paged_kv, dot_config, gather_heads, softmax_times_v
 
 try:
     import triton
@@ -197,7 +197,7 @@ def paged_attention_prefill_reference(
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [q_len]
         future = torch.arange(seq_len, device=q.device)[None, :] > q_pos[:, None]  # [q_len, S]
         scores.view(num_kv_heads, group, q_len, seq_len).masked_fill_(future, float("-inf"))
-        ob = torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv, G * q_len, D]
+        ob = softmax_times_v(scores, v, q.dtype)  # [Hkv, G * q_len, D]
         out[cu[b] : cu[b + 1]] = ob.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3).reshape(
             q_len, num_q_heads, head_dim
         )

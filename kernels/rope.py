@@ -1,7 +1,8 @@
 """Rotary position embedding (NeoX / Llama rotate_half layout), in place on q and k.
 
 For each head vector x of size D with halves x1 = x[:D/2], x2 = x[D/2:] and the angle table of
-position p: x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin (float32 math, one rounding).
+position p: x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin, rounded where transformers rounds: cos and sin
+to x's dtype, then each product and each sum (float32: no rounding at all).
 cos_sin_cache[p] = cat(cos(p * inv_freq), sin(p * inv_freq)), built by make_cos_sin_cache.
 """
 
@@ -56,6 +57,14 @@ def make_cos_sin_cache(
 
 
 @triton.jit
+def _rotate_first(a, b, cos, sin, dtype):
+    """a * cos - b * sin rounded where transformers rounds: cos, sin, each product, the sum."""
+    cos = cos.to(dtype).to(tl.float32)
+    sin = sin.to(dtype).to(tl.float32)
+    return ((a * cos).to(dtype).to(tl.float32) - (b * sin).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,  # [T, Hq, D]
     k_ptr,  # [T, Hkv, D]
@@ -85,16 +94,16 @@ def _rotary_kernel(
     first = q_ptr + token * stride_qt + heads[:, None] * stride_qh + d[None, :]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(first, (x1 * cos - x2 * sin).to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(first + HALF, (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(first, _rotate_first(x1, x2, cos, sin, q_ptr.dtype.element_ty), mask=mask)
+    tl.store(first + HALF, _rotate_first(x2, -x1, cos, sin, q_ptr.dtype.element_ty), mask=mask)
 
     heads = tl.arange(0, BLOCK_HKV)
     mask = (heads < num_kv_heads)[:, None] & d_mask[None, :]  # [BLOCK_HKV, BLOCK_HALF]
     first = k_ptr + token * stride_kt + heads[:, None] * stride_kh + d[None, :]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(first, (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty), mask=mask)
-    tl.store(first + HALF, (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty), mask=mask)
+    tl.store(first, _rotate_first(x1, x2, cos, sin, k_ptr.dtype.element_ty), mask=mask)
+    tl.store(first + HALF, _rotate_first(x2, -x1, cos, sin, k_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_args(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor) -> None:
@@ -118,9 +127,10 @@ def rotary_reference(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Ten
     _check_args(q, k, positions, cos_sin_cache)
     half = q.shape[2] // 2
     cos_sin = cos_sin_cache.index_select(0, positions)  # [T, D]
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [T, 1, D/2] each
     for x in (q, k):
-        x1, x2 = x[..., :half].float(), x[..., half:].float()  # [T, H, D/2] each
+        dtype = x.dtype
+        cos, sin = (t.to(dtype) for t in (cos_sin[:, None, :half], cos_sin[:, None, half:]))  # [T, 1, D/2] each
+        x1, x2 = x[..., :half], x[..., half:]  # [T, H, D/2] each; products and sums round to dtype
         rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [T, H, D]
         x.copy_(rotated)
 

@@ -6,10 +6,10 @@
 // The attention ops read K and V where they lie in the paged cache, position by position, with no
 // gathered copy: one task per (run of query tokens of a sequence, kv head) computes the scores of
 // that kv head's Hq / Hkv query heads against each cached position, a float32 softmax, then the
-// weighted sum of the value rows. float32 math throughout, one rounding of the output to q's
-// dtype. Decode runs are single tokens; prefill runs are tiles of a chunk's tokens, which share
-// each K/V row read. A query's arithmetic is the same in both, so decode and prefill agree bit
-// for bit on the same token.
+// weighted sum of the value rows. float32 math, the weights rounded to q's dtype before that sum
+// (as sdpa's CPU kernel does), one rounding of the output to q's dtype. Decode runs are single
+// tokens; prefill runs are tiles of a chunk's tokens, which share each K/V row read. A query's
+// arithmetic is the same in both, so decode and prefill agree bit for bit on the same token.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -140,6 +141,11 @@ void attend(const Operands<T>& o, const int32_t* table, int64_t kv_head, int64_t
       sum += score[pos];
     }
     s.denom[r] = sum;
+    // the weights the values are summed with are rounded to T (as sdpa's CPU kernel and the
+    // Triton kernels do); the sum above, of the unrounded ones, divides at the end
+    if constexpr (!std::is_same_v<T, float>) {
+      for (int64_t pos = 0; pos < len; ++pos) score[pos] = static_cast<float>(static_cast<T>(score[pos]));
+    }
   }
   for (int64_t pos = 0; pos < max_len; ++pos) {
     const int64_t block = table[pos / o.block_size];

@@ -91,13 +91,25 @@ def test_batch_under_preemption_and_prefix_hits_gives_one_at_a_time_tokens(engin
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
              "Write a haiku about the sea.", "Explain what a CPU cache is.", "List three fruits.",
              "Who wrote Hamlet?", "Translate 'good morning' to French."]
-AGREE_AT_LEAST = 4  # leading tokens every prompt must share with transformers in bfloat16
+AGREE_AT_LEAST = 4  # leading tokens every prompt shares with transformers in bfloat16, ties aside
+
+
+def _tie_gap(model, ids: list[int]) -> float:  # noqa: ANN001
+    """transformers' bfloat16 next-token logits after `ids`: the gap between its top two, in
+    units of one bfloat16 ulp at the top logit's magnitude (0: an exact tie)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+    top = logits.topk(2).values
+    ulp = 2.0 ** (torch.floor(torch.log2(top[0].abs())).item() - 7)
+    return (top[0] - top[1]).item() / ulp
 
 
 @pytest.mark.slow
 def test_default_model_follows_transformers_in_bfloat16(make_engine, default_model_dir) -> None:  # noqa: ANN001
-    """Not token-exact (the roundings of oneDNN's and sdpa's kernels differ from ours), but no early
-    divergence on the chat prompts; the first divergence positions are printed."""
+    """Not token-exact for 32 tokens (attention's last bits differ from sdpa's: its exp and
+    summation order), but no prompt leaves transformers' bfloat16 tokens before AGREE_AT_LEAST
+    unless transformers itself stands at a tie there (its top two logits within one bfloat16 ulp).
+    The first divergence positions and transformers' top-two gaps there are printed."""
     from builtin_engine.chat_template import ChatTemplate
     from builtin_engine.tokenizer import Tokenizer
 
@@ -111,9 +123,11 @@ def test_default_model_follows_transformers_in_bfloat16(make_engine, default_mod
     handles = [engine.add_request(prompt, params) for prompt in prompts]
     while engine.has_work():
         engine.step()
-    firsts = []
+    firsts, gaps = [], []
     for prompt, handle in zip(prompts, handles):
         ours, ref = collect(handle)[0][0], hf.greedy(prompt, MAX_NEW, ignore_eos=True)
-        firsts.append(next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), MAX_NEW))
-    print("first divergence per prompt:", firsts)
-    assert min(firsts) >= AGREE_AT_LEAST, firsts
+        first = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), MAX_NEW)
+        firsts.append(first)
+        gaps.append(None if first == MAX_NEW else _tie_gap(hf.model, prompt + ref[:first]))
+    print("first divergence per prompt:", firsts, "transformers' top-2 gap there (bf16 ulps):", gaps)
+    assert all(first >= AGREE_AT_LEAST or gap <= 1 for first, gap in zip(firsts, gaps)), (firsts, gaps)

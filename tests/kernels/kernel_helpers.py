@@ -6,11 +6,16 @@ import torch
 from torch import Tensor
 
 # (rtol, atol) by dtype and kind. bfloat16: the interpreter rounds float32 -> bfloat16 by
-# truncation where torch rounds to nearest, so results may differ by 1 ulp (2**-7 relative);
+# truncation where torch rounds to nearest, so results may differ by 1 ulp (2**-7 relative) at
+# each rounding point: up to 4 ulps where an op rounds twice as transformers does (norm, rotary);
 # attention additionally rounds softmax weights to bfloat16 before the PV product.
 TOLERANCES = {
     (torch.float32, "elementwise"): (1e-5, 1e-5),
-    (torch.bfloat16, "elementwise"): (1.6e-2, 1e-5),
+    (torch.bfloat16, "elementwise"): (3.2e-2, 1e-5),
+    # a difference of two rounded products (rotary) may cancel to ~0 on one side only: an ulp of the
+    # products (inputs ~ N(0, 1) here) in absolute terms
+    (torch.float32, "cancelling"): (1e-5, 1e-5),
+    (torch.bfloat16, "cancelling"): (3.2e-2, 3.2e-2),
     (torch.float32, "attention"): (1e-4, 1e-5),
     (torch.bfloat16, "attention"): (2e-2, 2e-2),
 }
