@@ -7,11 +7,6 @@ import asyncio
 from plugins.errors import Overloaded, SwitchyardError, UpstreamError
 from plugins.protocol import Usage
 
-# Upstream failures that say the backend is unwell: they count towards its circuit breaker.
-# (429 and a full queue say "busy", not "broken": they are retried on a fallback route but do
-# not open the breaker.)
-BREAKER_KINDS = frozenset({"bad_gateway", "timeout", "unavailable", "upstream_status"})
-
 
 def retry_kind(error: BaseException) -> str | None:
     """The error's kind when another target may be tried after it (connection error, timeout

@@ -24,7 +24,7 @@ from gateway.config import Config, resolve_backend_options
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics, observe_all
-from gateway.outcomes import BREAKER_KINDS, error_label, outcome_of, retry_kind
+from gateway.outcomes import error_label, outcome_of, retry_kind
 from gateway.replica_metrics import BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.request_timer import RequestTimer
@@ -32,7 +32,7 @@ from gateway.route_plan import RoutePlan, validate_routes
 from gateway.shadow import ShadowCopies
 from gateway.telemetry import Telemetry, build_telemetry
 from plugins import routing
-from plugins.errors import ModelNotFound, UpstreamError
+from plugins.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
 from plugins.health import HealthMonitor
 from plugins.manager import backend_types, build_plugin_manager
 from plugins.protocol import Backend, Event, ModelInfo, RequestSpec, Usage

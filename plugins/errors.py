@@ -84,6 +84,9 @@ class UpstreamError(SwitchyardError):
 # bad_gateway: unreachable or unintelligible upstream; unavailable: upstream says it cannot serve
 # (or it is unhealthy); timeout: no answer in time; rate_limited: upstream 429.
 UPSTREAM_ERROR_KINDS = frozenset({"bad_gateway", "unavailable", "timeout", "rate_limited", "upstream_status"})
+# the kinds that say the backend (or replica) is unwell: they count towards its circuit breaker.
+# (429 and a full queue say "busy", not "broken": they are retried elsewhere but open no breaker.)
+BREAKER_KINDS = UPSTREAM_ERROR_KINDS - {"rate_limited"}
 
 
 class ConfigError(SwitchyardError):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugins import http1
-from plugins.errors import SwitchyardError, UpstreamError
+from plugins.errors import BREAKER_KINDS, SwitchyardError, UpstreamError
 from plugins.fleet.balance import make_balancer
 from plugins.fleet.balance.base import Choice
 from plugins.fleet.discovery import Discovery, DiscoveryError, StaticDiscovery, discovery_for
@@ -30,9 +30,6 @@ from plugins.protocol import RequestSpec
 
 log = logging.getLogger("switchyard.fleet")
 
-# Upstream failures that say a replica is unwell (its breaker counts them) and those worth
-# another replica before the first byte (the same, and 429).
-BREAKER_KINDS = frozenset({"bad_gateway", "timeout", "unavailable", "upstream_status"})
 STALE_INTERVALS = 3  # a scrape older than this many intervals is stale
 UNSUPPORTED_BACKOFF = 30  # intervals to wait before asking again an engine that serves no load source
 
