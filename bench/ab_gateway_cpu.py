@@ -2,7 +2,7 @@
 this repository checked out side by side), behind one paced upstream, in interleaved rounds.
 
 Each tree serves from its own `switchyard serve` process; every round drives `--concurrency`
-persistent streams at each in turn (the order alternating), and the process's user + system CPU
+persistent streams at each in turn (the order alternating), and the server's user + system CPU (its children too)
 over the round is divided by the requests it served. The median over rounds is what to compare:
 a change smaller than the spread between rounds is noise on a shared machine.
 
@@ -20,12 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.arms import Arm, start_upstream, switchyard_config  # noqa: E402
-from bench.common import free_port, spawn, use_uvloop, wait_ready  # noqa: E402
+from bench.common import free_port, spawn, tree_cpu_seconds, use_uvloop, wait_ready  # noqa: E402
 from bench.profile_gateway import load  # noqa: E402
 
 
@@ -57,11 +55,10 @@ def main() -> None:
         per_tree: list[list[tuple[float, float]]] = [[] for _ in arms]
         for r in range(args.rounds):
             for i in (range(len(arms)) if r % 2 == 0 else reversed(range(len(arms)))):
-                process = psutil.Process(arms[i].pid)
-                before, start = process.cpu_times(), time.perf_counter()
+                before, start = tree_cpu_seconds(servers[i].pid), time.perf_counter()
                 served = asyncio.run(load(arms[i], args.concurrency, True, args.tokens, args.seconds))
-                after, elapsed = process.cpu_times(), time.perf_counter() - start
-                cpu = (after.user - before.user + after.system - before.system) / served * 1000
+                cpu = (tree_cpu_seconds(servers[i].pid) - before) / served * 1000
+                elapsed = time.perf_counter() - start
                 per_tree[i].append((cpu, served / elapsed))
                 print(f"round {r} {args.trees[i]}: {cpu:.3f} s/1k, {served / elapsed:.0f} req/s", flush=True)
         for tree, rows in zip(args.trees, per_tree):
