@@ -40,7 +40,10 @@ def response_headers(request: Request, backend: str | None = None) -> dict[str, 
 
 def authorize(request: Request, model: str) -> None:
     """403 when the client's key may not use `model` (a route or model name)."""
-    key: ClientKey | None = request.state.client_key
+    authorize_key(request.state.client_key, model)
+
+
+def authorize_key(key: ClientKey | None, model: str) -> None:
     if key is not None and not key.may_use(model):
         raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
 

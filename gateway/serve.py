@@ -38,13 +38,14 @@ def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list
     `on_ready` is called once it accepts requests."""
     from gateway.app import create_app
     from gateway.auth import Redactor, install_log_redaction
+    from gateway.streamed_chat import StreamedChatFront
 
     where = "" if worker is None else f" worker {worker}"
     logging.basicConfig(level=config.server.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
     app = create_app(config, worker=worker)
     uv_config = uvicorn.Config(
-        app,
+        StreamedChatFront(app, config.server.max_body_bytes),
         host=host,
         port=port,
         loop="uvloop",
