@@ -78,6 +78,11 @@ class StreamedChatFront:
         self.max_body_bytes = max_body_bytes
         self._handler: HTTPRouteHandler | None = None
 
+    @property
+    def state(self) -> Any:
+        """The Litestar app's state (where the drain on SIGTERM finds the gateway)."""
+        return self.app.state
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)  # type: ignore[arg-type]
