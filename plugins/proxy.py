@@ -521,17 +521,22 @@ class ProxyBackend:
         parser = SSEParser()
         async for piece in self._pieces(response, deadline):
             events: list[Event] = []
-            for sse in parser.feed(piece):
-                if sse.event not in ("message", "error"):
-                    continue
-                events += norm.feed_data(sse.data)
-                if norm.done:
-                    if events:
-                        yield events
-                    await self._drain(response)
-                    return
+            try:
+                for sse in parser.feed(piece):
+                    if sse.event not in ("message", "error"):
+                        continue
+                    events += norm.feed_data(sse.data)
+                    if norm.done:
+                        break
+            except Exception:
+                if events:  # the events before a bad one still go out first
+                    yield events
+                raise
             if events:
                 yield events
+            if norm.done:
+                await self._drain(response)
+                return
 
     async def _send(self, replica: Replica, path: str, content: bytes, headers: dict[str, str],
                     deadline: float) -> http1.Response:
