@@ -3,9 +3,10 @@
 `POST /v1/chat/completions` with `"stream": true` is the gateway's hot path: at 256 streams
 Litestar's router, exception middleware (and its wrapper around every `send`), signature model
 and hook machinery were ~15% of the gateway's CPU per request. `StreamedChatFront` serves such a
-request with the same pieces the Litestar handler uses (`chat_spec_of`, `http_common.serve`, the
-route handler's own `to_response`), so headers, body, limits, metrics, log and traces are the
-same bytes and the same records.
+request with the same pieces the Litestar handler uses (`chat_request_spec`, `http_common.serve`,
+`http_common.send_sse`) and writes the head `to_response` would (the app's headers, the answer's,
+the content type: tests/gateway/test_streamed_chat_front.py compares the two), so headers, body,
+limits, metrics, log and traces are the same bytes and the same records.
 
 Everything else goes to the Litestar app untouched: other routes and methods, a body without a
 `Content-Length` or over `max_body_bytes`, a draining gateway, a missing or unknown key, a body
@@ -24,12 +25,13 @@ import msgspec
 from litestar import Litestar, Request
 from litestar.datastructures import Headers
 from litestar.handlers import HTTPRouteHandler
+from litestar.handlers.http_handlers._utils import normalize_headers
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import schemas as S
 from gateway.auth import ClientKey, authorization_of
 from gateway.chat_completions import collect, open_stream
-from gateway.http_common import authorize_key, serve
+from gateway.http_common import SSEStream, authorize_key, send_sse, serve
 from gateway.limits import cap_max_tokens, check_messages
 from gateway.service import Gateway
 from gateway.validation import chat_spec, check_chat
@@ -37,6 +39,7 @@ from plugins.protocol import RequestSpec
 
 PATH = "/v1/chat/completions"
 RAISE_IN_HANDLER = "switchyard.raise_in_handler"  # scope key: the error the Litestar handler raises
+SSE_CONTENT_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 _DECODE = msgspec.json.Decoder(S.ChatCompletionRequest).decode
 
 
@@ -77,6 +80,7 @@ class StreamedChatFront:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self._handler: HTTPRouteHandler | None = None
+        self._app_headers: dict[str, str] | None = None
 
     @property
     def state(self) -> Any:
@@ -140,8 +144,22 @@ class StreamedChatFront:
             scope[RAISE_IN_HANDLER] = exc
             await app(scope, receive, send)
             return
-        asgi: ASGIApp = await handler.to_response(app=app, data=response, request=request)
+        if type(response) is SSEStream:
+            await send_sse(scope, receive, send, self._start(response.headers), response.iterator)  # type: ignore[arg-type]
+            return
+        asgi: ASGIApp = await handler.to_response(app=app, data=response, request=request)  # the client left (499)
         await asgi(scope, receive, send)
+
+    def _start(self, headers: dict[str, str]) -> dict[str, Any]:
+        """The `http.response.start` of a streamed answer: the headers, in order, that the route
+        handler's `to_response` gives it (the app's, the answer's own, the content type)."""
+        if self._app_headers is None:
+            self._app_headers = normalize_headers(self._route_handler().resolve_response_headers())
+        if self._app_headers:
+            headers = {**self._app_headers, **headers}
+        return {"type": "http.response.start", "status": 200,
+                "headers": [*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+                            SSE_CONTENT_TYPE]}
 
     def _route_handler(self) -> HTTPRouteHandler:
         if self._handler is None:
