@@ -16,6 +16,9 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
+_send = RequestResponseCycle.send
+
+
 class _Collect:
     """Stands in for the transport during one `send`: keeps what it writes (and a close)."""
 
@@ -43,8 +46,8 @@ class _HeadWithBodyCycle(RequestResponseCycle):
     head: bytes = b""  # the response head not written yet
 
     async def send(self, message: Any) -> None:
-        if self.response_started and not self.head:
-            await super().send(message)
+        if self.response_started and not self.head:  # the head is out: uvicorn's send as it is
+            await _send(self, message)
             return
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()  # here, so that uvicorn's send below runs without a wait
@@ -52,7 +55,7 @@ class _HeadWithBodyCycle(RequestResponseCycle):
         collect = _Collect(transport)
         self.transport = collect  # type: ignore[assignment]
         try:
-            await super().send(message)
+            await _send(self, message)
         finally:
             self.transport = transport
         data = b"".join(collect.data)
@@ -66,12 +69,15 @@ class _HeadWithBodyCycle(RequestResponseCycle):
             transport.close()
 
     async def run_asgi(self, app: Any) -> None:
-        try:
-            await super().run_asgi(app)
-        finally:
-            if self.head and not self.transport.is_closing():  # a response that never sent its body
-                self.transport.write(self.head)
-            self.head = b""
+        async def app_then_head(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            finally:  # an app that sent a head and no body: the head goes out before uvicorn ends the exchange
+                head, self.head = self.head, b""
+                if head and not self.transport.is_closing():
+                    self.transport.write(head)
+
+        await super().run_asgi(app_then_head)
 
 
 class HeadWithBodyProtocol(HttpToolsProtocol):
