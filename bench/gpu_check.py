@@ -115,7 +115,7 @@ def make_engine(model: Path, device: str, dtype: str, compile: bool, max_num_seq
                 max_model_len: int) -> LLMEngine:
     config = EngineConfig(device=device, dtype=dtype, compile=compile, max_num_seqs=max_num_seqs,
                           max_model_len=max_model_len, kv_cache_tokens=max_num_seqs * max_model_len,
-                          max_num_batched_tokens=max(256, max_model_len), max_waiting=1024)
+                          max_waiting=1024)
     return LLMEngine.from_model_dir(model, config=config)
 
 

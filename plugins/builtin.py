@@ -143,8 +143,9 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     max_model_len: Annotated[_AtLeast2 | None, _doc("Longest prompt + completion in tokens; default: the model's "
                                                     "max_position_embeddings, capped by kv_cache_tokens.")] = None
     max_num_seqs: Annotated[int, _doc("Most sequences batched in one engine step.", ge=1)] = 64
-    max_num_batched_tokens: Annotated[int, _doc("Most tokens per engine step; longer prompts are prefilled in "
-                                                "chunks between decode steps.", ge=1)] = 256
+    max_num_batched_tokens: Annotated[_AtLeast1 | None, _doc(
+        "Most tokens per engine step; longer prompts are prefilled in chunks between decode steps. Default: 256 "
+        "on the CPU, 8192 on CUDA.")] = None
     block_size: Annotated[int, _doc("Tokens per KV cache block (the prefix cache's unit).", ge=1)] = 16
     kv_cache_tokens: Annotated[int, _doc("KV cache capacity in tokens over all sequences; when full, the "
                                          "latest lowest-priority sequence is preempted and recomputed later. "
