@@ -43,7 +43,7 @@ def engine_requests(base: str) -> float | None:
 
 def abort_latency(client: openai.OpenAI, model: str, base: str) -> None:
     stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count."}],
-                                            max_tokens=4000, stream=True, extra_body={"ignore_eos": True})
+                                            max_tokens=1000, stream=True, extra_body={"ignore_eos": True})
     for _, _ in zip(range(3), stream, strict=False):
         pass
     print("engine requests before close:", engine_requests(base))
