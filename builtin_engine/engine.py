@@ -294,7 +294,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         for lengths in ((3, 16), (17, 33)):  # the second pair arrives while the first decodes
             for length, params in zip(lengths, (greedy, sampled)):
-                self.add_request([i % vocab for i in range(1, length + 1)], params)
+                length = min(length, self.max_model_len - params.max_tokens)  # a tiny configured context
+                if length >= 1:
+                    self.add_request([i % vocab for i in range(1, length + 1)], params)
             self.step()
         self.run_until_done()
         self.block_manager.reset_prefix_cache()
