@@ -26,8 +26,7 @@ from gateway.request_log import Attempt
 from gateway.request_timer import RequestTimer, is_token_event
 from gateway.route_plan import RoutePlan
 from gateway.schemas import ErrorResponse
-from gateway.event_pump import EventPump
-from gateway.service import Gateway, Resolved
+from gateway.service import EventPump, Gateway, Resolved
 from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, RequestSpec, Usage

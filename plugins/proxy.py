@@ -40,7 +40,6 @@ import msgspec
 from msgspec import Meta
 
 from plugins import http1
-from plugins.event_batches import EventBatches
 from plugins.errors import ConfigError, InvalidRequest, SwitchyardError, UpstreamError
 from plugins.fleet.fleet import Fleet
 from plugins.fleet.options import (
@@ -443,14 +442,10 @@ class ProxyBackend:
             return events
         return split_reasoning(events, ReasoningSplitter(factory))
 
-    def stream_upstream(self, spec: RequestSpec) -> AsyncIterator[Event]:
+    async def stream_upstream(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """Stream one request upstream. A failure before the first event is raised before any
         event (so the gateway still answers with a real status); closing this iterator closes
-        the upstream response, which cancels the request upstream. The events come in the
-        lists they arrived in (`EventBatches`)."""
-        return EventBatches(self._upstream_batches(spec))
-
-    async def _upstream_batches(self, spec: RequestSpec) -> AsyncIterator[list[Event]]:
+        the upstream response, which cancels the request upstream."""
         body = self.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
         replica, response, deadline = await self._open(spec, path, _json_encode(body), self.request_headers(spec))
@@ -467,13 +462,12 @@ class ProxyBackend:
                 except msgspec.DecodeError:
                     raise UpstreamError(f"Backend `{self.name}` answered with {ctype or 'no content type'}, "
                                         "neither SSE nor JSON.", kind="bad_gateway") from None
-                events = norm.feed_response(obj if isinstance(obj, dict) else {})
-                if events:
-                    yield events
+                for event in norm.feed_response(obj if isinstance(obj, dict) else {}):
+                    yield event
             else:
-                async for events in self._sse_batches(response, norm, deadline):
-                    yield events
-            yield [norm.finish()]
+                async for event in self._stream_events(response, norm, deadline):
+                    yield event
+            yield norm.finish()
         except BaseException as exc:
             error = exc
             raise
@@ -513,30 +507,21 @@ class ProxyBackend:
                 raise
             return replica, response, deadline
 
-    async def _sse_batches(self, response: http1.Response, norm: StreamNormalizer,
-                           deadline: float) -> AsyncIterator[list[Event]]:
-        """The SSE body's events, normalized: those of one read in one list. After `[DONE]`
-        the rest of the body (the chunked terminator) is read, so that the connection stays
-        reusable."""
+    async def _stream_events(self, response: http1.Response, norm: StreamNormalizer,
+                             deadline: float) -> AsyncIterator[Event]:
+        """The SSE body's events, normalized; after `[DONE]` the rest of the body (the chunked
+        terminator) is read, so that the connection stays reusable."""
         parser = SSEParser()
-        async for piece in self._pieces(response, deadline):
-            events: list[Event] = []
-            try:
-                for sse in parser.feed(piece):
-                    if sse.event not in ("message", "error"):
-                        continue
-                    events += norm.feed_data(sse.data)
-                    if norm.done:
-                        break
-            except Exception:
-                if events:  # the events before a bad one still go out first
-                    yield events
-                raise
-            if events:
-                yield events
-            if norm.done:
-                await self._drain(response)
-                return
+        pieces = self._pieces(response, deadline)
+        async for piece in pieces:
+            for sse in parser.feed(piece):
+                if sse.event not in ("message", "error"):
+                    continue
+                for event in norm.feed_data(sse.data):
+                    yield event
+                if norm.done:
+                    await self._drain(response)
+                    return
 
     async def _send(self, replica: Replica, path: str, content: bytes, headers: dict[str, str],
                     deadline: float) -> http1.Response:

@@ -17,8 +17,7 @@ from gateway.responses_api import schemas as R
 from gateway.responses_api.output import OutputBuilder, usage_body
 from gateway.responses_api.store import ResponseStore, StoredResponse
 from gateway.schemas import ErrorBody, ErrorResponse
-from gateway.event_pump import EventPump
-from gateway.service import Gateway
+from gateway.service import EventPump, Gateway
 from gateway.serving import Served, collect_events, open_events, stream_body
 from plugins.errors import SwitchyardError
 from plugins.protocol import Event, RequestSpec, Usage
