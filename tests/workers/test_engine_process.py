@@ -222,7 +222,9 @@ kv_cache_tokens = 4096
         # the live replica gauges, copied by each worker into the shared metrics files
         assert wait_until(lambda: "switchyard_replica_engine_kv_cache_usage{" in server.metrics(), timeout=10)
         assert "switchyard_replica_requests_in_flight{" in server.metrics()
-        assert metric(server.metrics(), "switchyard_replica_engine_requests", backend="builtin", state="running") == 0
+        # the engine's report, as fresh as the workers' last probe (every 0.2 s) and copy (every second)
+        assert wait_until(lambda: metric(server.metrics(), "switchyard_replica_engine_requests", backend="builtin",
+                                         state="running") == 0, timeout=10)
 
         async def killed_mid_stream() -> list:
             async with httpx.AsyncClient(base_url=server.base, timeout=60) as client:
