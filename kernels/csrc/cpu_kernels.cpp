@@ -388,7 +388,10 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
       runs.push_back(Run{b, cu[b] + i, std::min(kPrefillTile, q_len - i), context + i + 1});
     }
   }
-  return run_attention(q, k_cache, v_cache, block_tables, runs, scale);
+  at::Tensor out = run_attention(q, k_cache, v_cache, block_tables, runs, scale);
+  const int64_t covered = cu[seq_lens.size(0)];  // rows past the last sequence's (padding) get zeros
+  if (covered < q.size(0)) out.narrow(0, covered, q.size(0) - covered).zero_();
+  return out;
 }
 
 template <typename T>
