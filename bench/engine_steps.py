@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
-                        help="tokens per engine step (the prefill budget)")
+    parser.add_argument("--max-batched-tokens", type=int, default=None,
+                        help="tokens per engine step (the prefill budget); default: the engine's (256 on the CPU)")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes running beside the engine")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
@@ -68,7 +68,7 @@ def main() -> None:
             hog.terminate()
     print(f"{args.dtype}{' eager' if args.eager else ''}: {args.streams} x ({args.prompt_tokens} + {args.output_tokens}) "
           f"tokens in {elapsed:.2f} s ({args.streams * args.output_tokens / elapsed:.1f} output tok/s), {steps} steps, "
-          f"{args.max_batched_tokens} tokens a step, {args.busy} busy beside it, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, cpu {os.cpu_count()}")
+          f"{engine.scheduler.max_num_batched_tokens} tokens a step, {args.busy} busy beside it, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, cpu {os.cpu_count()}")
 
 
 if __name__ == "__main__":

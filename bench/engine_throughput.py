@@ -98,7 +98,7 @@ def bench_abort_latency(engine, streams: int, prompt_len: int, trials: int, seed
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0.0, ignore_eos=True)  # max_tokens: the rest of the context
-    long_len = min(4 * engine.config.max_num_batched_tokens, engine.max_model_len - 16)
+    long_len = min(4 * engine.scheduler.max_num_batched_tokens, engine.max_model_len - 16)
     results: dict[str, list[float]] = {"decode": [], "prefill": []}
     for kind in results:
         engine.block_manager.reset_prefix_cache()

@@ -10,7 +10,10 @@
    float32 engine's (token-exact against transformers) on a fixed prompt set: the first
    divergence per prompt. bfloat16 may diverge late, not early: one before `--early` (4) fails.
 3. Throughput: output tokens/s at 1/16/64 streams (`--prompt-tokens` + `--output-tokens` each,
-   greedy, ignore_eos), with and without CUDA graphs.
+   greedy, ignore_eos), with and without CUDA graphs; and transformers' `generate`, batched, at the
+   largest stream count on the same device and model (target: the engine >= 5x it at 64 streams).
+
+A part that fails (an exception) is recorded in the JSON's `errors` and the rest still runs.
 
 Needs only torch, triton and safetensors (what the GPU image has; `pip install safetensors` if
 not): the engine is imported without the gateway, prompts are token ids (no tokenizer), and the
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--early", type=int, default=None,
                         help="a divergence before this position fails; default 4 (smoke 0: the tiny random model's "
                              "near-tied logits let bfloat16 diverge anywhere)")
+    parser.add_argument("--kernels-json", type=Path, default=None,
+                        help="read an earlier `bench/kernels_gpu.py --out` JSON instead of running it")
+    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
+                        help="time transformers' batched generate at the largest stream count (default on)")
     args = parser.parse_args(argv)
     smoke = args.smoke
     args.streams = args.streams or ([1, 2, 4] if smoke else [1, 16, 64])
@@ -81,15 +89,19 @@ def pick_model(args: argparse.Namespace) -> Path:
     return cached_tiny_model()
 
 
-def kernel_check(smoke: bool) -> dict[str, Any]:
-    """bench/kernels_gpu.py --no-sweep: correctness rows, copy bandwidth, decode attention's share."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "kernels.json"
-        cmd = [sys.executable, str(ROOT / "bench" / "kernels_gpu.py"), "--no-sweep", "--out", str(out)]
-        done = subprocess.run(cmd + (["--smoke"] if smoke else []), cwd=ROOT, capture_output=True, text=True)
-        if not out.exists():
-            return {"ok": False, "error": (done.stdout + done.stderr)[-3000:]}
-        report = json.loads(out.read_text())
+def kernel_check(smoke: bool, earlier: Path | None) -> dict[str, Any]:
+    """bench/kernels_gpu.py --no-sweep (or its earlier JSON): correctness rows, copy bandwidth,
+    decode attention's share."""
+    if earlier is not None:
+        report = json.loads(earlier.read_text())
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "kernels.json"
+            cmd = [sys.executable, str(ROOT / "bench" / "kernels_gpu.py"), "--no-sweep", "--out", str(out)]
+            done = subprocess.run(cmd + (["--smoke"] if smoke else []), cwd=ROOT, capture_output=True, text=True)
+            if not out.exists():
+                return {"ok": False, "error": (done.stdout + done.stderr)[-3000:]}
+            report = json.loads(out.read_text())
     target = next(name for name in report["targets"] if name.startswith("decode"))  # "decode B64 ctx4096 >= ..."
     shape = target.split(" >=")[0]
     decode = next(r for r in report["timings"] if r["name"].startswith(shape))
@@ -103,7 +115,7 @@ def make_engine(model: Path, device: str, dtype: str, compile: bool, max_num_seq
                 max_model_len: int) -> LLMEngine:
     config = EngineConfig(device=device, dtype=dtype, compile=compile, max_num_seqs=max_num_seqs,
                           max_model_len=max_model_len, kv_cache_tokens=max_num_seqs * max_model_len,
-                          max_num_batched_tokens=max(256, max_model_len), max_waiting=1024)
+                          max_waiting=1024)
     return LLMEngine.from_model_dir(model, config=config)
 
 
@@ -123,6 +135,30 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tu
                 ids.extend(choice.token_ids)
         tokens.append(ids)
     return tokens, took
+
+
+def hf_generate(model: Path, device: str, prompts: list[list[int]], output_tokens: int) -> dict[str, Any]:
+    """transformers' greedy `generate` over all `prompts` as one batch (equal lengths: no padding),
+    bfloat16 on `device`: output tokens/s."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to(device).eval()
+    batch = torch.tensor(prompts, device=device)
+
+    def run(ids: torch.Tensor, new: int) -> torch.Tensor:
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                              min_new_tokens=new, pad_token_id=0)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return out
+
+    run(batch[:1], 2)
+    started = time.perf_counter()
+    out = run(batch, output_tokens)
+    took = time.perf_counter() - started
+    generated = (out.shape[1] - batch.shape[1]) * batch.shape[0]
+    return {"streams": len(prompts), "tokens_per_s": generated / took, "seconds": took}
 
 
 def make_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
@@ -146,10 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {where}; torch {torch.__version__}; model {model}")
     result: dict[str, Any] = {"device": where, "smoke": args.smoke, "torch": torch.__version__, "model": str(model)}
 
-    result["kernels"] = kernels = kernel_check(args.smoke)
+    errors: list[str] = []
+
+    def failed(part: str) -> None:
+        errors.append(f"{part}: {traceback.format_exc()[-2000:]}")
+        print(f"{part} FAILED:\n{errors[-1]}", flush=True)
+
+    result["kernels"] = kernels = kernel_check(args.smoke, args.kernels_json)
     print(f"kernels: {kernels.get('checks', 0) - len(kernels.get('failed', []))}/{kernels.get('checks', 0)} checks "
           f"pass; {kernels.get('decode_shape')} at {kernels.get('decode_fraction_of_copy')} of copy bandwidth"
-          + (f"\n{kernels['error']}" if "error" in kernels else ""))
+          + (f"\n{kernels['error']}" if "error" in kernels else ""), flush=True)
 
     max_streams = max(max(args.streams), NUM_PROMPTS)
     max_model_len = args.prompt_tokens + max(args.output_tokens, args.parity_tokens) + 1
@@ -158,29 +200,48 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(vocab, NUM_PROMPTS, args.prompt_tokens, seed=1)
     expected, _ = generate(reference, prompts, args.parity_tokens)
     del reference
+    print(f"reference tokens (cpu float32) at {time.perf_counter() - started:.0f} s", flush=True)
 
     rows, firsts = [], []
     for graphs in (True, False):
-        engine = make_engine(model, device, dtype, graphs, max_streams, max_model_len)
-        if graphs:
-            got, _ = generate(engine, prompts, args.parity_tokens)
-            firsts = [first_divergence(ours, ref) for ours, ref in zip(got, expected)]
-            print(f"tokens ({device} {dtype} vs cpu float32, {args.parity_tokens} greedy): first divergence per "
-                  f"prompt {firsts}")
-        for streams in args.streams:
-            stream_prompts = make_prompts(vocab, streams, args.prompt_tokens, seed=100 + streams)
-            generate(engine, stream_prompts[:1], 2)  # the first request's one-off costs out of the timing
-            _, took = generate(engine, stream_prompts, args.output_tokens)
-            rows.append({"streams": streams, "graphs": graphs, "tokens_per_s": streams * args.output_tokens / took,
-                         "seconds": took})
-            print(f"  {streams:>3} streams, graphs {'on ' if graphs else 'off'}: "
-                  f"{rows[-1]['tokens_per_s']:9.1f} output tokens/s")
-        del engine
+        try:
+            engine = make_engine(model, device, dtype, graphs, max_streams, max_model_len)
+            print(f"engine: {engine.placement.describe()} at {time.perf_counter() - started:.0f} s", flush=True)
+            if graphs:
+                got, _ = generate(engine, prompts, args.parity_tokens)
+                firsts = [first_divergence(ours, ref) for ours, ref in zip(got, expected)]
+                print(f"tokens ({device} {dtype} vs cpu float32, {args.parity_tokens} greedy): first divergence "
+                      f"per prompt {firsts}", flush=True)
+            for streams in args.streams:
+                stream_prompts = make_prompts(vocab, streams, args.prompt_tokens, seed=100 + streams)
+                generate(engine, stream_prompts[:1], 2)  # the first request's one-off costs out of the timing
+                graph_steps = engine.runner.num_graph_steps
+                _, took = generate(engine, stream_prompts, args.output_tokens)
+                rows.append({"streams": streams, "graphs": graphs, "tokens_per_s": streams * args.output_tokens / took,
+                             "seconds": took, "graph_steps": engine.runner.num_graph_steps - graph_steps})
+                print(f"  {streams:>3} streams, graphs {'on ' if graphs else 'off'}: "
+                      f"{rows[-1]['tokens_per_s']:9.1f} output tokens/s ({rows[-1]['graph_steps']} graph steps)",
+                      flush=True)
+            del engine
+        except Exception:
+            failed(f"engine (graphs {'on' if graphs else 'off'})")
         if device == "cuda":
             torch.cuda.empty_cache()
-    result.update(first_divergence=firsts, throughput=rows, elapsed_s=time.perf_counter() - started)
+    if args.hf:
+        streams = max(args.streams)
+        try:
+            hf = hf_generate(model, device, make_prompts(vocab, streams, args.prompt_tokens, seed=100 + streams),
+                             args.output_tokens)
+            best = max((r["tokens_per_s"] for r in rows if r["streams"] == streams), default=float("nan"))
+            hf["engine_ratio"] = best / hf["tokens_per_s"]
+            result["hf_generate"] = hf
+            print(f"transformers generate, {streams} streams batched: {hf['tokens_per_s']:.1f} output tokens/s; "
+                  f"engine {hf['engine_ratio']:.2f}x", flush=True)
+        except Exception:
+            failed("transformers generate")
+    result.update(first_divergence=firsts, throughput=rows, errors=errors, elapsed_s=time.perf_counter() - started)
     early = [i for i in firsts if i < min(args.early, args.parity_tokens)]
-    result["ok"] = kernels["ok"] and not early
+    result["ok"] = kernels["ok"] and not early and not errors and bool(firsts)
     out = args.out if args.out is not None else (None if args.smoke else DEFAULT_OUT)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -347,7 +347,11 @@ def sweep(copy_gbps: float) -> list[dict[str, Any]]:
 def main() -> int:
     device_name = "cpu (interpreter smoke run)" if ARGS.smoke else torch.cuda.get_device_name()
     print(f"device: {device_name}; torch {torch.__version__}; triton {triton.__version__}")
-    correctness()
+    try:
+        correctness()
+    except Exception as exc:  # a kernel that cannot even run: say which, and still time the rest
+        CHECKS.append(dict(name=f"correctness stopped: {type(exc).__name__}: {exc}"[:300], ok=False,
+                           max_abs_err=float("nan"), rtol=0.0, atol=0.0))
     failed = [c for c in CHECKS if not c["ok"]]
     print(f"\ncorrectness: {len(CHECKS) - len(failed)}/{len(CHECKS)} checks pass")
     for c in CHECKS:

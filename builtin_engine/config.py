@@ -31,7 +31,9 @@ class EngineConfig:
     # cache (and a sliding window, when the model has one).
     max_model_len: int | None = None
     max_num_seqs: int = 64  # sequences in one step's batch
-    max_num_batched_tokens: int = 256  # tokens per step; longer prompts are prefilled in chunks
+    # tokens per step; longer prompts are prefilled in chunks. None: 256 on the CPU, where a step's
+    # time grows with its tokens, 8192 on CUDA, where a step of 64 prompts of 128 tokens is one launch
+    max_num_batched_tokens: int | None = None
     block_size: int = 16  # tokens per KV cache block
     kv_cache_tokens: int = 16384  # KV cache capacity in tokens, over all sequences
     max_waiting: int = 256  # requests admitted but not yet scheduled; more raise QueueFull
@@ -43,7 +45,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens", "max_waiting")
         for name in positive:
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.kv_cache_tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) is less than one block ({self.block_size})")
@@ -60,6 +62,12 @@ class EngineConfig:
     @property
     def num_kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
+
+    def batched_tokens_on(self, device_type: str) -> int:
+        """max_num_batched_tokens, or its default for a device of this type ("cpu", "cuda")."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 8192 if device_type == "cuda" else 256
 
 
 def resolve_max_model_len(model_config: ModelConfig, config: EngineConfig) -> int:

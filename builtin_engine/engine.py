@@ -98,7 +98,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(block_manager=self.block_manager, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens)
+                                   max_num_batched_tokens=config.batched_tokens_on(model.device.type))
         kv_cache = KVCache.allocate(model.config, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                     dtype=model.dtype, device=model.device)
         sampler = Sampler(eos_token_ids=self.eos_token_ids, logprobs_mode=config.logprobs_mode)
@@ -132,6 +132,10 @@ class LLMEngine:
         self._fatal: BaseException | None = None
         # seconds from each `abort()` call to its request's blocks being freed, latest last
         self.abort_latencies: collections.deque[float] = collections.deque(maxlen=256)
+        if model.device.type == "cuda":
+            started = time.perf_counter()
+            self.warm_up_kernels()
+            _log.info("kernels warmed up in %.1f s", time.perf_counter() - started)
 
     @classmethod
     def from_model_dir(
@@ -284,6 +288,27 @@ class LLMEngine:
         ]
         return _Request(request_id, RequestHandle.for_current_loop(request_id), seqs, choices,
                         num_unfinished=len(seqs))
+
+    def warm_up_kernels(self) -> None:
+        """Run a few short requests through prefill, mixed prefill-and-decode steps and both
+        samplers, then forget them (prefix cache, step counts). On CUDA each Triton kernel compiles
+        at its first launch, once per specialization of its integer arguments (1, multiples of 16),
+        seconds in all: done before the engine serves, no client's request waits for it.
+        Call before `start()`."""
+        greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+        sampled = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_tokens=3, ignore_eos=True, seed=0)
+        vocab = self.model_config.vocab_size
+        for lengths in ((3, 16), (17, 33)):  # the second pair arrives while the first decodes
+            for length, params in zip(lengths, (greedy, sampled)):
+                length = min(length, self.max_model_len - params.max_tokens)  # a tiny configured context
+                if length >= 1:
+                    self.add_request([i % vocab for i in range(1, length + 1)], params)
+            self.step()
+        self.run_until_done()
+        self.block_manager.reset_prefix_cache()
+        self.num_steps = 0
+        self.last_step = StepStats()
+        self.runner.num_graph_steps = 0
 
     # ---- the step loop --------------------------------------------------------------------------
 

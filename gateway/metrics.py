@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.live_metrics import MultiprocessMirror
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LABELS = ("route", "backend")
@@ -137,10 +140,26 @@ class Metrics:
         )
         self._arms: dict[tuple[str, str, bool], ArmMetrics] = {}
         self._shown = r  # what /metrics renders: this registry, or every process's files
+        self._mirrors: list[MultiprocessMirror] = []
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if directory:
             self._shown = CollectorRegistry()
             MultiProcessCollector(self._shown, path=directory)
+
+    def show_live(self, collector: object, modes: Mapping[str, str]) -> None:
+        """Show a collector read at scrape time: registered here with one process; with several,
+        copied into every worker's files (`gateway.live_metrics`; `modes` says how the workers'
+        values of each family combine). Call with the event loop running."""
+        if self._shown is self.registry:
+            self.registry.register(collector)  # type: ignore[arg-type]
+            return
+        mirror = MultiprocessMirror(collector, self.registry, modes)
+        mirror.start()
+        self._mirrors.append(mirror)
+
+    def close(self) -> None:
+        for mirror in self._mirrors:
+            mirror.stop()
 
     def arm(self, route: str, backend: str, *, shadow: bool = False) -> ArmMetrics:
         key = (route, backend, shadow)
@@ -151,4 +170,6 @@ class Metrics:
         return arm
 
     def render(self) -> bytes:
+        for mirror in self._mirrors:
+            mirror.refresh()
         return generate_latest(self._shown)

@@ -22,6 +22,17 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 LABELS = ["backend", "replica"]
+_P = "switchyard_replica_"
+# With several workers (`gateway.live_metrics`): the gateway's own counts add up over the workers;
+# what the engines report is the same from every worker (the latest is shown); the worst circuit
+# and health any worker sees
+WORKER_MODES = {
+    f"{_P}attempts": "sum", f"{_P}routed": "sum", f"{_P}requests_in_flight": "livesum",
+    f"{_P}draining": "livemax", f"{_P}circuit_state": "livemax", f"{_P}healthy": "livemin",
+    f"{_P}load": "livemax", f"{_P}load_stale": "livemax", f"{_P}load_age_seconds": "livemin",
+    f"{_P}engine_requests": "livemostrecent", f"{_P}engine_kv_cache_usage": "livemostrecent",
+    f"{_P}engine_prefix_cache_tokens": "livemostrecent", f"{_P}prefix_index_blocks": "livemax",
+}
 
 
 class ReplicaCollector:

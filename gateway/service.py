@@ -25,7 +25,7 @@ from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics, observe_all
 from gateway.outcomes import error_label, outcome_of, retry_kind
-from gateway.replica_metrics import BackendLoads, ReplicaCollector
+from gateway.replica_metrics import WORKER_MODES, BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
 from gateway.request_timer import RequestTimer
 from gateway.route_plan import RoutePlan, validate_routes
@@ -75,7 +75,7 @@ class Gateway:
         self.shadows = ShadowCopies(self)
         self._in_flight_view = MappingProxyType(self.in_flight)
         self._load_view = BackendLoads(self.backends, self.in_flight)
-        self.metrics.registry.register(ReplicaCollector(self.backends))
+        self.metrics.show_live(ReplicaCollector(self.backends), WORKER_MODES)
         server = self.config.server
         self.redact = Redactor.from_config(self.config)
         self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
@@ -160,6 +160,7 @@ class Gateway:
         await self.key_limiter.close()
         if self.telemetry is not None:
             await asyncio.to_thread(self.telemetry.shutdown)
+        self.metrics.close()
 
     def model_card(self, name: str) -> tuple[Route, int | None]:
         route = self.routes.get(name)

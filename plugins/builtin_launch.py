@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from builtin_engine.config import EngineConfig
     from builtin_engine.engine_calls import EngineLaunch
     from builtin_engine.engine_service import EngineService
-    from plugins.builtin import BuiltinOptions
+    from plugins.builtin_options import BuiltinOptions
     from plugins.engine_supervisor import EngineSupervisor
 
 

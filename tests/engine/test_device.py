@@ -59,6 +59,38 @@ def test_compile_without_a_compiler_is_an_error(monkeypatch) -> None:  # noqa: A
     assert resolve_placement("cpu", "bfloat16").compile is False  # the default steps back
 
 
+def test_prefill_budget_defaults_to_the_device() -> None:
+    assert (EngineConfig().batched_tokens_on("cpu"), EngineConfig().batched_tokens_on("cuda")) == (256, 8192)
+    assert EngineConfig(max_num_batched_tokens=64).batched_tokens_on("cuda") == 64
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be at least 1"):
+        EngineConfig(max_num_batched_tokens=0)
+    assert msgspec.convert({}, BuiltinOptions).max_num_batched_tokens is None
+    with pytest.raises(msgspec.ValidationError, match="max_num_batched_tokens"):
+        msgspec.convert({"max_num_batched_tokens": 0}, BuiltinOptions)
+
+
+def test_kernel_warm_up_leaves_no_trace(make_engine) -> None:  # noqa: ANN001
+    """What CUDA engines run before serving: afterwards no request, cached block or step is left,
+    and a request gives the tokens a fresh engine gives."""
+    from builtin_engine.sampling_params import SamplingParams
+
+    def tokens(engine) -> list[int]:  # noqa: ANN001
+        handle = engine.add_request(list(range(5, 45)), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        engine.run_until_done()
+        ids: list[int] = []
+        while not handle.finished:
+            for choice in handle.get(timeout=10).choices:
+                ids.extend(choice.token_ids)
+        return ids
+
+    fresh, warmed = make_engine(block_size=8), make_engine(block_size=8)
+    warmed.warm_up_kernels()
+    assert (warmed.num_steps, warmed.runner.num_graph_steps, warmed.num_unfinished_requests) == (0, 0, 0)
+    assert warmed.block_manager.num_free_blocks == fresh.block_manager.num_free_blocks
+    assert not warmed.block_manager._cached
+    assert tokens(warmed) == tokens(fresh)
+
+
 @needs_no_gpu
 def test_engine_refuses_before_loading(tiny_model_dir) -> None:  # noqa: ANN001
     from builtin_engine.engine import LLMEngine

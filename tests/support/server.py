@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,34 +25,57 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(config_text: str, tmp_dir: Path, *, env: dict[str, str] | None = None, ready_timeout: float = 120.0,
-                   python: str | Path = sys.executable) -> Iterator[str]:
-    """Write `config_text` as plugins.toml, serve it (with `python`: another venv's interpreter
-    serves with that venv's plugins), yield the base URL (`http://127.0.0.1:P`)."""
+def server_process(config_text: str, tmp_dir: Path, *, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                   ready_timeout: float = 120.0, stop_timeout: float = 15.0,
+                   python: str | Path = sys.executable) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """Write `config_text` as plugins.toml and serve it with `switchyard serve ARGS` (with `python`:
+    another venv's interpreter serves with that venv's plugins); yield (process, base URL
+    `http://127.0.0.1:P`, log path). At the end: SIGTERM, then kill after `stop_timeout`, and
+    whatever the server started (workers, engine processes) is killed too."""
     config = tmp_dir / "plugins.toml"
     config.write_text(config_text)
     port = free_port()
-    log = (tmp_dir / f"server-{port}.log").open("wb")
+    log_path = tmp_dir / f"server-{port}.log"
     proc_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    proc = subprocess.Popen(
-        [str(python), "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), "--drain-seconds", "2"],
-        cwd=ROOT,
-        env=proc_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(python), "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), *args],
+            cwd=ROOT, env=proc_env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(proc, base, ready_timeout, str(log_path))
+            yield proc, base, log_path
+        finally:
+            _stop(proc, stop_timeout)
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
     try:
-        _wait_ready(proc, base, ready_timeout, log.name)
-        yield base
-    finally:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
+    for child in tree:  # nothing the server started may outlive it
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@contextmanager
+def running_server(config_text: str, tmp_dir: Path, *, env: dict[str, str] | None = None, ready_timeout: float = 120.0,
+                   python: str | Path = sys.executable) -> Iterator[str]:
+    """`server_process` with a 2-second drain; yields the base URL."""
+    with server_process(config_text, tmp_dir, args=("--drain-seconds", "2"), env=env, ready_timeout=ready_timeout,
+                        python=python) as (_, base, _):
+        yield base
 
 
 def _wait_ready(proc: subprocess.Popen, base: str, timeout: float, log_path: str) -> None:

@@ -3,10 +3,7 @@ parent, its workers and its engine process, found by their command lines."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.support.server import ROOT, _wait_ready, free_port
+from tests.support.server import server_process
 
 
 @dataclass
@@ -45,36 +42,5 @@ class Server:
 @contextmanager
 def serving(config_text: str, tmp_dir: Path, *, ready_timeout: float = 120.0) -> Iterator[Server]:
     """Serve `config_text` on a free port until the block ends (SIGTERM, then kill)."""
-    config = tmp_dir / "plugins.toml"
-    config.write_text(config_text)
-    port = free_port()
-    log_path = tmp_dir / f"server-{port}.log"
-    log = log_path.open("wb")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        _wait_ready(proc, server.base, ready_timeout, str(log_path))
-        yield server
-    finally:
-        tree = []
-        try:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for child in tree:  # nothing the server started may outlive it
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
-        log.close()
+    with server_process(config_text, tmp_dir, ready_timeout=ready_timeout, stop_timeout=30.0) as (proc, base, log):
+        yield Server(proc, base, log)

@@ -24,7 +24,7 @@ from plugins.builtin import BuiltinBackend, BuiltinOptions
 from plugins.errors import ConfigError, UpstreamError
 from plugins.protocol import RequestSpec, SamplingParams, TextDelta, TokenizeRequest
 from tests.gateway.helpers import assert_error_shape, data_events
-from tests.support.probes import wait_until
+from tests.support.probes import metric, wait_until
 from tests.support.server import ROOT
 from tests.workers.server import serving
 
@@ -219,6 +219,10 @@ kv_cache_tokens = 4096
                 answers.setdefault(r.headers["x-switchyard-worker"], set()).add(r.json()["choices"][0]["message"]["content"])
         assert set(answers) == {"0", "1"}, answers
         assert len(set.union(*answers.values())) == 1, answers  # one engine, one greedy answer
+        # the live replica gauges, copied by each worker into the shared metrics files
+        assert wait_until(lambda: "switchyard_replica_engine_kv_cache_usage{" in server.metrics(), timeout=10)
+        assert "switchyard_replica_requests_in_flight{" in server.metrics()
+        assert metric(server.metrics(), "switchyard_replica_engine_requests", backend="builtin", state="running") == 0
 
         async def killed_mid_stream() -> list:
             async with httpx.AsyncClient(base_url=server.base, timeout=60) as client:
