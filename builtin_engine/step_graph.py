@@ -144,5 +144,5 @@ def make_step_graph(model: LlamaModel, kv_cache: KVCache, config: EngineConfig, 
 
     if model.device.type != "cpu" or not kernels.has_cpu_kernels():
         return None
-    return CompiledStep(model, kv_cache, max_tokens=config.max_num_batched_tokens, max_seqs=config.max_num_seqs,
+    return CompiledStep(model, kv_cache, max_tokens=config.batched_tokens_on("cpu"), max_seqs=config.max_num_seqs,
                         max_blocks=-(-max_model_len // config.block_size), block_size=config.block_size)
