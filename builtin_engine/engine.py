@@ -32,7 +32,6 @@ from builtin_engine.block_manager import BlockManager
 from builtin_engine.config import EngineConfig, resolve_max_model_len
 from builtin_engine.cpu_threads import call_in_own_thread
 from builtin_engine.decode_graph import make_decode_graph
-from builtin_engine.step_graph import make_step_graph
 from builtin_engine.device import Placement, resolve_placement
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.llama import KVCache, LlamaModel
@@ -46,6 +45,7 @@ from builtin_engine.sampler import Sampler, SamplerOutput, choice_seed
 from builtin_engine.sampling_params import SamplingParams
 from builtin_engine.scheduler import Scheduler, SchedulerOutput
 from builtin_engine.sequence import Sequence
+from builtin_engine.step_graph import make_step_graph
 
 DetokenizerFactory = Callable[[list[int], bool], Detokenizer]  # (prompt ids, skip_special_tokens) -> new
 _log = logging.getLogger(__name__)

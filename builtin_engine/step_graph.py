@@ -2,14 +2,16 @@
 
 The decode graph (`builtin_engine.decode_graph`) serves steps that are all one-token decodes; a
 step with a prefill chunk in it ran eagerly, and its norms, rotary, SiLU and casts, a few dozen
-small ops a layer, cost about a fifth of such a step. This graph takes any step of up to
-`max_tokens` tokens and `max_seqs` sequences: every chunk, decode rows included, is a run of the
-paged prefill attention (which computes a one-token run exactly as the decode kernel does), so
-the graph's only varying sizes are the token count T, the sequence count B and the count S of
-rows that sample. Those three are dynamic dimensions of one graph (sizes 2 and up: a step with
-fewer is padded), not a set of buckets, so it is compiled once, before the engine is ready, and
-cached on disk with the decode graph's code. Padding tokens write the KV cache's pad block and
-belong to no sequence; padding sequences have no tokens.
+small ops a layer, cost about a fifth of such a step. This graph takes any step but a pooling
+one: every chunk, decode rows included, is a run of the paged prefill attention (which computes
+a one-token run exactly as the decode kernel does), so the graph's only varying sizes are the
+token count T, the sequence count B and the count S of rows that sample. Those three are
+dynamic dimensions of one graph (sizes 2 and up, a smaller step padded; bounds fixed, not drawn
+from the config), not a set of buckets: it is compiled once, before the engine is ready, run
+once at the configured budget's largest sizes, and cached on disk
+(`builtin_engine.compile_cache`). All-decode steps run through it as fast as through the decode
+graph, so on the CPU only this one is compiled. Padding tokens write the KV cache's pad block
+and belong to no sequence; padding sequences have no tokens.
 
 Only on the CPU, and only with the C++ kernels built (the torch reference of the prefill
 attention reads lengths on the host, which a graph cannot). Aborts apply before the step, not
@@ -138,7 +140,8 @@ class CompiledStep:
         return logits[:num_samples]
 
 
-def make_step_graph(model: LlamaModel, kv_cache: KVCache, config: EngineConfig, max_model_len: int) -> CompiledStep | None:
+def make_step_graph(model: LlamaModel, kv_cache: KVCache, config: EngineConfig,
+                    max_model_len: int) -> CompiledStep | None:
     """The compiled step (not yet warmed up) where it applies: the CPU, with the C++ kernels built."""
     import kernels
 
