@@ -28,7 +28,8 @@ from gateway.openapi import SchemaPlugin
 from gateway.chat_completions import collect, open_stream
 from gateway.responses_api import handlers as responses_api
 from gateway.service import Gateway
-from gateway.validation import chat_spec, check_chat, check_completion, completion_spec
+from gateway.streamed_chat import RAISE_IN_HANDLER, chat_request_spec
+from gateway.validation import check_completion, completion_spec
 from plugins.errors import AuthenticationFailed, InvalidRequest
 from plugins.protocol import TokenizeRequest
 
@@ -42,6 +43,8 @@ def _gateway(state: State) -> Gateway:
 
 
 async def _before_request(request: Request) -> Response | None:
+    if RAISE_IN_HANDLER in request.scope:  # a streamed chat request begun in front (its id and key stand)
+        return None
     request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     request.state.client_key = None
     path = request.url.path
@@ -71,17 +74,11 @@ def _validation_error(request: Request, exc: ValidationException) -> Response:
 
 @post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI).")
 async def chat_completions(request: Request, state: State) -> Response:
+    if (error := request.scope.pop(RAISE_IN_HANDLER, None)) is not None:  # type: ignore[misc]
+        raise error  # from `StreamedChatFront`, to be answered as every error is
     data = await decode_body(request, S.ChatCompletionRequest)
     gateway = _gateway(state)
-    authorize(request, data.model)
-    check_messages(len(data.messages), gateway.config.server.max_messages)
-    check_chat(data, max_n=gateway.config.server.max_n)
-    spec = chat_spec(data, request_id=request.state.request_id, upstream_model="")
-    if data.max_completion_tokens is not None:
-        param, asked = "max_completion_tokens", data.max_completion_tokens
-    else:
-        param, asked = "max_tokens", data.max_tokens
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), param, asked)
+    spec = chat_request_spec(gateway, data, request.state.client_key, request.state.request_id)
     return await serve(request, gateway, spec, open_stream, collect)
 
 

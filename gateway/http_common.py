@@ -5,7 +5,7 @@ cancelled when the client goes away (also while waiting for the first event)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -40,7 +40,10 @@ def response_headers(request: Request, backend: str | None = None) -> dict[str, 
 
 def authorize(request: Request, model: str) -> None:
     """403 when the client's key may not use `model` (a route or model name)."""
-    key: ClientKey | None = request.state.client_key
+    authorize_key(request.state.client_key, model)
+
+
+def authorize_key(key: ClientKey | None, model: str) -> None:
     if key is not None and not key.may_use(model):
         raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
 
@@ -168,32 +171,38 @@ class DisconnectWatch:
             task.cancel()
 
 
-class _SSEBody(ASGIStreamingResponse):
-    """Litestar's streaming body sent from the request's own task, guarded by the request's
+async def send_sse(scope: Scope, receive: Receive, send: Send, start: Any, pieces: AsyncIterator[bytes]) -> None:
+    """A streamed body sent from the request's own task, guarded by the request's
     `DisconnectWatch` (handed over by `accounted`), instead of an anyio task group and a second
     task per stream (6% less gateway CPU per streamed request at 64 streams); a `LastPiece` goes
-    out with the end of the response in one write."""
+    out with the end of the response in one write. `start`: the `http.response.start` message."""
+    watch: DisconnectWatch = scope.pop(_WATCH, None) or DisconnectWatch(receive)  # type: ignore[misc]
+    try:
+        await send(start)
+        await watch.guard(_send_pieces(pieces, send))
+    finally:
+        watch.close()
+
+
+async def _send_pieces(pieces: AsyncIterator[bytes], send: Send) -> None:
+    async for piece in pieces:
+        if type(piece) is LastPiece:
+            await send({"type": "http.response.body", "body": piece, "more_body": False})
+            await pieces.aclose()  # type: ignore[attr-defined]
+            return
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _SSEBody(ASGIStreamingResponse):
+    """Litestar's streaming response (it builds the headers), its body sent by `send_sse`."""
 
     __slots__ = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch: DisconnectWatch = scope.pop(_WATCH, None) or DisconnectWatch(receive)  # type: ignore[misc]
-        try:
-            await self.start_response(send=send)
-            await watch.guard(self._send_pieces(send))
-        finally:
-            watch.close()
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.encode_headers()}
+        await send_sse(scope, receive, send, start, self.iterator)  # type: ignore[arg-type]
         await self.after_response()
-
-    async def _send_pieces(self, send: Send) -> None:
-        pieces = self.iterator
-        async for piece in pieces:  # type: ignore[union-attr]
-            if type(piece) is LastPiece:
-                await send({"type": "http.response.body", "body": piece, "more_body": False})
-                await pieces.aclose()  # type: ignore[union-attr]
-                return
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class SSEStream(Stream):

@@ -38,17 +38,19 @@ def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list
     `on_ready` is called once it accepts requests."""
     from gateway.app import create_app
     from gateway.auth import Redactor, install_log_redaction
+    from gateway.http_protocol import HeadWithBodyProtocol
+    from gateway.streamed_chat import StreamedChatFront
 
     where = "" if worker is None else f" worker {worker}"
     logging.basicConfig(level=config.server.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
     app = create_app(config, worker=worker)
     uv_config = uvicorn.Config(
-        app,
+        StreamedChatFront(app, config.server.max_body_bytes),
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=HeadWithBodyProtocol,  # uvicorn's httptools protocol, the head sent with the first body piece
         log_level=config.server.log_level,
         access_log=False,
         proxy_headers=False,  # nothing here reads the client's address: skip X-Forwarded-* parsing per request

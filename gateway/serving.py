@@ -83,7 +83,8 @@ class Observed:
                 gateway.metrics.attempts.labels(plan.route.name, resolved.target.backend, "unsupported").inc()
                 self.attempts.append(Attempt(backend=resolved.target.backend, outcome="unsupported"))
                 continue
-            gateway.pm.hook.switchyard_on_request(spec=spec, backend=resolved.backend)
+            if (on_request := gateway.pm.hook.switchyard_on_request).get_hookimpls():  # pluggy's call costs ~5 µs
+                on_request(spec=spec, backend=resolved.backend)
             if self.accounting is not None:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
@@ -186,9 +187,8 @@ class Observed:
             error=error,
             attempts=self.attempts,
         )
-        self.gateway.pm.hook.switchyard_on_response(
-            spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings
-        )
+        if (on_response := self.gateway.pm.hook.switchyard_on_response).get_hookimpls():
+            on_response(spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings)
         if self.accounting is not None:
             self.accounting.finish(error, usage=self.usage, resolved=resolved, spec=spec, timings=timings)
 

@@ -54,10 +54,13 @@ class SSEParser:
         """Add bytes; return the events completed by them (possibly none)."""
         if not piece:
             return []
-        if not self._buf and not self._pending_cr and not self._has_data and not self._event and not self._first_line:
-            events = self._whole_data_events(piece)
-            if events is not None:
-                return events
+        if not self._buf and not self._pending_cr and not self._has_data and not self._event:
+            if self._first_line and piece[0] != 0xEF:  # no BOM (nor the start of one) to strip
+                self._first_line = False
+            if not self._first_line:
+                events = self._whole_data_events(piece)
+                if events is not None:
+                    return events
         if self._pending_cr:
             self._pending_cr = False
             if piece[:1] == b"\n":

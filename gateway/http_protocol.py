@@ -1,0 +1,88 @@
+"""uvicorn's httptools protocol, writing a response's head together with its first body piece.
+
+uvicorn writes the head (`http.response.start`) and every body piece with a socket write of
+its own. A streamed answer's head is sent right before its first events, and a JSON answer's
+right before its body, so they can share one write: one system call (and one TCP segment to
+the client) less per response, a few percent of the gateway's CPU per streamed request. The
+bytes on the wire are the same. uvicorn still formats both (its `send` runs unchanged against
+a transport that collects what it writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+
+_send = RequestResponseCycle.send
+
+
+class _Collect:
+    """Stands in for the transport during one `send`: keeps what it writes (and a close)."""
+
+    __slots__ = ("data", "closed", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.data: list[bytes] = []
+        self.closed = False
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
+class _HeadWithBodyCycle(RequestResponseCycle):
+    """A request cycle whose response head waits for the first body piece (or the end of the
+    exchange) to go out with it."""
+
+    head: bytes = b""  # the response head not written yet
+
+    async def send(self, message: Any) -> None:
+        if self.response_started and not self.head:  # the head is out: uvicorn's send as it is
+            await _send(self, message)
+            return
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()  # here, so that uvicorn's send below runs without a wait
+        transport = self.transport
+        collect = _Collect(transport)
+        self.transport = collect  # type: ignore[assignment]
+        try:
+            await _send(self, message)
+        finally:
+            self.transport = transport
+        data = b"".join(collect.data)
+        if message["type"] == "http.response.start":
+            self.head = data
+            return
+        data, self.head = self.head + data, b""
+        if data:
+            transport.write(data)
+        if collect.closed:
+            transport.close()
+
+    async def run_asgi(self, app: Any) -> None:
+        async def app_then_head(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            finally:  # an app that sent a head and no body: the head goes out before uvicorn ends the exchange
+                head, self.head = self.head, b""
+                if head and not self.transport.is_closing():
+                    self.transport.write(head)
+
+        await super().run_asgi(app_then_head)
+
+
+class HeadWithBodyProtocol(HttpToolsProtocol):
+    """uvicorn's `httptools` protocol with `_HeadWithBodyCycle` request cycles."""
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        cycle.__class__ = _HeadWithBodyCycle  # same attributes; only `send` and `run_asgi` differ
+        super()._start_asgi_task(cycle, app)
