@@ -21,8 +21,8 @@ from builtin_engine.decode_graph import CompiledDecode, CudaGraphDecode
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.sampler import Sampler, SamplerOutput, prepare_sampling_metadata
 from builtin_engine.scheduler import ScheduledChunk
-from builtin_engine.step_graph import CompiledStep
 from builtin_engine.sequence import Sequence
+from builtin_engine.step_graph import CompiledStep
 
 DecodeGraph = CompiledDecode | CudaGraphDecode
 PollAborted = Callable[[], Collection[str]]  # -> ids of requests aborted (and freed) since the last call
@@ -45,7 +45,7 @@ class ModelRunner:
         self.sampler = sampler
         self.device = model.device
         self.decode_graph = decode_graph  # runs all-decode steps when set (see builtin_engine.decode_graph)
-        self.step_graph = step_graph  # runs the other steps when set (see builtin_engine.step_graph)
+        self.step_graph = step_graph  # runs the other steps (all, without a decode graph) when set
         self.num_graph_steps = 0  # steps a graph ran
 
     @torch.inference_mode()
