@@ -15,9 +15,12 @@ checkpoints (one concept per module).
     model_store, tokenizer, chat_template, detokenizer   the text side
 
 Importing this package imports nothing heavy; `builtin_engine.engine` imports torch. It caps
-OpenMP's spin-wait before torch loads (`cpu_threads.default_openmp_env`).
+OpenMP's spin-wait before torch loads (`cpu_threads.default_openmp_env`) and points
+torch.compile's cache at Switchyard's (`compile_cache.default_compile_cache_env`).
 """
 
+from builtin_engine.compile_cache import default_compile_cache_env
 from builtin_engine.cpu_threads import default_openmp_env
 
 default_openmp_env()
+default_compile_cache_env()

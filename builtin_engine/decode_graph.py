@@ -22,23 +22,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch._inductor.config
 
+from builtin_engine.compile_cache import compile_cache_dir
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.scheduler import ScheduledChunk
 
 _log = logging.getLogger(__name__)
-
-
-def compile_cache_dir() -> Path:
-    """Where inductor keeps compiled code (`$TORCHINDUCTOR_CACHE_DIR` if set): under the cache
-    root, per torch version."""
-    from builtin_engine.model_store import cache_root
-
-    return cache_root() / "compile" / f"torch-{torch.__version__.replace('+', '-')}"
 
 
 def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:

@@ -45,6 +45,7 @@ from builtin_engine.sampler import Sampler, SamplerOutput, choice_seed
 from builtin_engine.sampling_params import SamplingParams
 from builtin_engine.scheduler import Scheduler, SchedulerOutput
 from builtin_engine.sequence import Sequence
+from builtin_engine.step_graph import make_step_graph
 
 DetokenizerFactory = Callable[[list[int], bool], Detokenizer]  # (prompt ids, skip_special_tokens) -> new
 _log = logging.getLogger(__name__)
@@ -101,16 +102,21 @@ class LLMEngine:
         kv_cache = KVCache.allocate(model.config, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                     dtype=model.dtype, device=model.device)
         sampler = Sampler(eos_token_ids=self.eos_token_ids, logprobs_mode=config.logprobs_mode)
+        # on the CPU one compiled graph serves every step (see builtin_engine.step_graph); the
+        # decode graph serves all-decode steps where that one does not apply
+        step_graph = make_step_graph(model, kv_cache, config, self.max_model_len) if self.placement.compile else None
         decode_graph = None
-        if self.placement.compile:
+        if self.placement.compile and step_graph is None:
             decode_graph = make_decode_graph(model, kv_cache, max_num_seqs=config.max_num_seqs,
                                              max_model_len=self.max_model_len, block_size=config.block_size,
                                              cuda_graph_sizes=config.cuda_graph_batch_sizes)
+        if step_graph is not None or decode_graph is not None:
             started = time.perf_counter()
-            decode_graph.warm_up()
-            _log.info("decode step prepared in %.1f s (%s)", time.perf_counter() - started, self.placement.describe())
+            (step_graph or decode_graph).warm_up()
+            _log.info("%s prepared in %.1f s (%s)", "every step" if step_graph else "decode step",
+                      time.perf_counter() - started, self.placement.describe())
         self.runner = ModelRunner(model, kv_cache=kv_cache, block_size=config.block_size, sampler=sampler,
-                                  decode_graph=decode_graph)
+                                  decode_graph=decode_graph, step_graph=step_graph)
         self.num_steps = 0
         self.last_step = StepStats()
         self._requests: dict[str, _Request] = {}  # the step thread's

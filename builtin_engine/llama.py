@@ -139,6 +139,19 @@ class LlamaModel:
             return self.compute_logits(kernels.rms_norm(hidden, self.weights.norm, eps))
         return self.compute_logits(kernels.fused_add_rms_norm(hidden, residual, self.weights.norm, eps)[0])
 
+    def step_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                    logits_indices: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        """Any step as one function of tensors (what `builtin_engine.step_graph` compiles): every
+        chunk, one-token ones included, a run of the prefill attention. input_ids, positions,
+        slot_mapping [T]; block_tables [B, W] int32, cu_seqlens_q [B + 1] int32, seq_lens [B]
+        int32; logits_indices [S] int64 -> logits [S, V] float32."""
+        meta = AttentionMetadata(
+            positions=positions, slot_mapping=slot_mapping, num_decode_tokens=0,
+            decode_block_tables=block_tables[:0], decode_seq_lens=seq_lens[:0], prefill_block_tables=block_tables,
+            prefill_cu_seqlens_q=cu_seqlens_q, prefill_seq_lens=seq_lens, logits_indices=logits_indices)
+        return self.compute_logits(self.forward(input_ids, meta, kv_cache))
+
     def _linear(self, x: torch.Tensor, weight: torch.Tensor | PackedMatrix,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, in] @ weight [out, in]^T (+ bias) -> [T, out] in x's dtype. `weight` may be

@@ -22,6 +22,7 @@ from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.sampler import Sampler, SamplerOutput, prepare_sampling_metadata
 from builtin_engine.scheduler import ScheduledChunk
 from builtin_engine.sequence import Sequence
+from builtin_engine.step_graph import CompiledStep
 
 DecodeGraph = CompiledDecode | CudaGraphDecode
 PollAborted = Callable[[], Collection[str]]  # -> ids of requests aborted (and freed) since the last call
@@ -37,33 +38,39 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, *, kv_cache: KVCache, block_size: int, sampler: Sampler,
-                 decode_graph: DecodeGraph | None = None) -> None:
+                 decode_graph: DecodeGraph | None = None, step_graph: CompiledStep | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.sampler = sampler
         self.device = model.device
         self.decode_graph = decode_graph  # runs all-decode steps when set (see builtin_engine.decode_graph)
-        self.num_graph_steps = 0  # steps the decode graph ran
+        self.step_graph = step_graph  # runs the other steps (all, without a decode graph) when set
+        self.num_graph_steps = 0  # steps a graph ran
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk], *,
                 poll_aborted: PollAborted | None = None) -> tuple[list[Sequence], SamplerOutput | None]:
         """The sequences that sampled this step (in order) and their tokens. Chunks of requests
         that `poll_aborted` names are dropped mid-step: they neither sample nor count as computed.
-        An all-decode step goes to the decode graph, when there is one; aborts then apply before it."""
-        if self.decode_graph is not None and chunks and all(c.is_decode for c in chunks):
+        An all-decode step goes to the decode graph, when there is one, any other to the step graph,
+        when there is one; aborts then apply before the step."""
+        all_decode = bool(chunks) and all(c.is_decode for c in chunks)
+        graph = self.decode_graph if all_decode and self.decode_graph is not None else self.step_graph
+        if graph is not None and chunks:
             aborted = poll_aborted() if poll_aborted is not None else ()
             kept = [c for c in chunks if c.seq.request_id not in aborted] if aborted else chunks
             if not kept:
                 return [], None
-            logits = self.decode_graph.run(kept)  # [len(kept), V]
+            logits = graph.run(kept)  # decode graph: [len(kept), V]; step graph: [sampling chunks, V]
             if logits is not None:
                 self.num_graph_steps += 1
                 rows = [i for i, c in enumerate(kept) if c.samples]
                 seqs = [kept[i].seq for i in rows]
-                if len(rows) < len(kept):
+                if graph is self.decode_graph and len(rows) < len(kept):
                     logits = logits[rows]
+                if not seqs:
+                    return [], None
                 return seqs, self.sampler(logits, prepare_sampling_metadata(seqs, device=self.device))
             chunks = kept
         inputs = self.prepare_inputs(chunks)

@@ -34,9 +34,9 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "Precision of the weights, activations, KV cache and lm_head: 'auto' is bfloat16 on CUDA and float32 on "
         "the CPU (token-exact against transformers); 'bfloat16' on the CPU is the fast path.")] = "auto"
     compile: Annotated[bool | None, _doc(
-        "Run the decode step as a prepared graph: on the CPU compiled by torch.compile (inductor; needs a C++ "
-        "compiler; compiled while the backend starts, cached under ~/.cache/switchyard/compile), on CUDA captured "
-        "in CUDA graphs (needs triton). Default: on for bfloat16 on the CPU and on CUDA, off for float32 on the "
+        "Run steps as a prepared graph: on the CPU every step through one graph compiled by torch.compile "
+        "(inductor; needs a C++ compiler; compiled while the backend starts, cached under "
+        "~/.cache/switchyard/compile), on CUDA the decode step captured in CUDA graphs (needs triton). Default: on for bfloat16 on the CPU and on CUDA, off for float32 on the "
         "CPU.")] = None
     matmul_dtype: Annotated[Literal["float32", "bfloat16"] | None, _doc(
         "Precision of the decoder layers' projection matmuls (q/k/v, o, MLP); default: dtype. 'bfloat16' with "

@@ -24,6 +24,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
@@ -163,6 +167,158 @@ void attend(const Operands<T>& o, const int32_t* table, int64_t kv_head, int64_t
   }
 }
 
+#if defined(__AVX512F__)
+// `attend` with AVX-512 registers, for head_dim = 16 * NV: the same arithmetic per row whatever
+// run or register block it falls in (dots as NV multiply-adds then one horizontal sum, a masked
+// vector softmax, the weighted sum of value rows in position order), so a token decoded and the
+// same token prefilled still agree bit for bit. Rows are taken RB at a time, their queries and
+// accumulators held in registers, so each K or V row read is converted once per RB rows. A row
+// of the block whose causal length ends earlier gets weight 0 past its end (adding 0 * v leaves
+// its sum unchanged).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+
+// round to nearest even, as c10::BFloat16(float) does for finite values
+inline __m512i bf16_round_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+}
+
+inline __m512 round_to_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_round_bits(x), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+inline void store16(c10::BFloat16* p, __m512 x) {
+  const __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_bits(x), 16));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), half);
+}
+
+// exp_nonpositive, 16 lanes at a time
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 y = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+template <typename T, int NV>
+void attend_vec(const Operands<T>& o, const int32_t* table, int64_t kv_head, int64_t first_token, int64_t num_tokens,
+                int64_t first_len, Scratch& s) {
+  constexpr int64_t D = 16 * NV;
+  constexpr int64_t RB = NV <= 4 ? 4 : 2;  // rows per register block: RB * NV accumulators
+  const int64_t group = o.group, rows = num_tokens * group;
+  const int64_t max_len = first_len + num_tokens - 1;
+  const int64_t stride = (max_len + 15) / 16 * 16;  // a row of scores, padded to whole vectors
+  s.queries.resize(rows * D);
+  s.scores.resize(rows * stride);
+  s.denom.resize(rows);
+  const __m512 scale = _mm512_set1_ps(o.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* q = o.q + (first_token + r / group) * o.q_st + (kv_head * group + r % group) * o.q_sh;
+    for (int j = 0; j < NV; ++j) store16(s.queries.data() + r * D + 16 * j, _mm512_mul_ps(load16(q + 16 * j), scale));
+  }
+  auto k_row = [&](int64_t pos) {
+    return o.k + table[pos / o.block_size] * o.k_sb + (pos % o.block_size) * o.k_ss + kv_head * o.k_sh;
+  };
+  auto v_row = [&](int64_t pos) {
+    return o.v + table[pos / o.block_size] * o.v_sb + (pos % o.block_size) * o.v_ss + kv_head * o.v_sh;
+  };
+  for (int64_t r0 = 0; r0 < rows; r0 += RB) {
+    const int64_t nr = std::min(RB, rows - r0);
+    const int64_t end = first_len + (r0 + nr - 1) / group;  // the block's longest row
+    __m512 q[RB][NV];
+    for (int64_t r = 0; r < RB; ++r)
+      for (int j = 0; j < NV; ++j) q[r][j] = r < nr ? _mm512_loadu_ps(s.queries.data() + (r0 + r) * D + 16 * j)
+                                                    : _mm512_setzero_ps();
+    for (int64_t pos = 0; pos < end; ++pos) {
+      const T* kp = k_row(pos);
+      __m512 k[NV];
+      for (int j = 0; j < NV; ++j) k[j] = load16(kp + 16 * j);
+      for (int64_t r = 0; r < RB; ++r) {
+        if (r >= nr) break;
+        __m512 acc = _mm512_mul_ps(q[r][0], k[0]);
+        for (int j = 1; j < NV; ++j) acc = _mm512_fmadd_ps(q[r][j], k[j], acc);
+        s.scores[(r0 + r) * stride + pos] = _mm512_reduce_add_ps(acc);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = first_len + r / group;
+    float* score = s.scores.data() + r * stride;
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t pos = 0; pos < len; pos += 16) {
+      const __mmask16 m = len - pos >= 16 ? __mmask16(0xffff) : __mmask16((1u << (len - pos)) - 1);
+      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, score + pos));
+    }
+    const __m512 top_all = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t pos = 0; pos < stride; pos += 16) {
+      const int64_t left = len - pos;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(score + pos), top_all)));
+      sum = _mm512_add_ps(sum, e);
+      // the weights the values are summed with are rounded to T (see `attend`); 0 past the row's end
+      _mm512_storeu_ps(score + pos, std::is_same_v<T, float> ? e : round_to_bf16(e));
+    }
+    s.denom[r] = _mm512_reduce_add_ps(sum);
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += RB) {
+    const int64_t nr = std::min(RB, rows - r0);
+    const int64_t end = first_len + (r0 + nr - 1) / group;
+    __m512 acc[RB][NV];
+    for (int64_t r = 0; r < RB; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t pos = 0; pos < end; ++pos) {
+      const T* vp = v_row(pos);
+      __m512 v[NV];
+      for (int j = 0; j < NV; ++j) v[j] = load16(vp + 16 * j);
+      for (int64_t r = 0; r < RB; ++r) {
+        if (r >= nr) break;
+        const __m512 w = _mm512_set1_ps(s.scores[(r0 + r) * stride + pos]);
+        for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_fmadd_ps(w, v[j], acc[r][j]);
+      }
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t row = r0 + r, token = first_token + row / group, head = kv_head * group + row % group;
+      const __m512 inv = _mm512_set1_ps(1.f / s.denom[row]);
+      T* out = o.out + token * o.o_st + head * o.o_sh;
+      for (int j = 0; j < NV; ++j) store16(out + 16 * j, _mm512_mul_ps(acc[r][j], inv));
+    }
+  }
+}
+#endif
+
+// `attend_vec` where the head size has a vector version, `attend` otherwise.
+template <typename T>
+void attend_any(const Operands<T>& o, const int32_t* table, int64_t kv_head, int64_t first_token, int64_t num_tokens,
+                int64_t first_len, Scratch& s) {
+#if defined(__AVX512F__)
+  switch (o.head_dim) {
+    case 32: return attend_vec<T, 2>(o, table, kv_head, first_token, num_tokens, first_len, s);
+    case 64: return attend_vec<T, 4>(o, table, kv_head, first_token, num_tokens, first_len, s);
+    case 128: return attend_vec<T, 8>(o, table, kv_head, first_token, num_tokens, first_len, s);
+    default: break;
+  }
+#endif
+  attend(o, table, kv_head, first_token, num_tokens, first_len, s);
+}
+
 // A run of query tokens of one sequence (see `attend`).
 struct Run {
   int64_t seq, first_token, num_tokens, first_len;
@@ -179,7 +335,7 @@ void attend_runs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
     Scratch scratch;
     for (int64_t task = begin; task < end; ++task) {
       const Run& run = runs[task / num_kv_heads];
-      attend(o, tables + run.seq * table_stride, task % num_kv_heads, run.first_token, run.num_tokens,
+      attend_any(o, tables + run.seq * table_stride, task % num_kv_heads, run.first_token, run.num_tokens,
              run.first_len, scratch);
     }
   });
@@ -232,7 +388,10 @@ at::Tensor paged_attention_prefill(const at::Tensor& q, const at::Tensor& k_cach
       runs.push_back(Run{b, cu[b] + i, std::min(kPrefillTile, q_len - i), context + i + 1});
     }
   }
-  return run_attention(q, k_cache, v_cache, block_tables, runs, scale);
+  at::Tensor out = run_attention(q, k_cache, v_cache, block_tables, runs, scale);
+  const int64_t covered = cu[seq_lens.size(0)];  // rows past the last sequence's (padding) get zeros
+  if (covered < q.size(0)) out.narrow(0, covered, q.size(0) - covered).zero_();
+  return out;
 }
 
 template <typename T>

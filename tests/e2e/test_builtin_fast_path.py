@@ -1,5 +1,5 @@
 """The CPU fast path through the gateway: a Switchyard server (subprocess) whose builtin backend
-says only `dtype = "bfloat16"` compiles its decode step (the default with bfloat16 on the CPU)
+says only `dtype = "bfloat16"` compiles its steps (the default with bfloat16 on the CPU)
 before /ready says yes, caches inductor's code under the cache root, and serves the official
 `openai` client the same greedy tokens as an eager bfloat16 backend."""
 
@@ -61,7 +61,7 @@ def test_compiled_before_ready_and_cached(servers: tuple[str, str, Path]) -> Non
     compiled, _, log_dir = servers
     assert httpx.get(compiled + "/ready", timeout=10).status_code == 200  # the first answer is already yes
     log = next(log_dir.glob("server-*.log")).read_text()
-    assert "decode step prepared in" in log
+    assert "every step prepared in" in log  # the whole-step graph (builtin_engine.step_graph)
     assert "bfloat16, decode step compiled (inductor)" in log
     assert any((cache_root() / "compile").glob("torch-*/*"))
 

@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from builtin_engine.decode_graph import CompiledDecode
+from builtin_engine.scheduler import ScheduledChunk
+from builtin_engine.sequence import Sequence
+from builtin_engine.step_graph import CompiledStep
 from builtin_engine.device import resolve_placement
 from builtin_engine.sampling_params import SamplingParams
 from tests.engine.conftest import HFReference, collect
@@ -38,14 +41,19 @@ def eager_engine(make_engine):  # noqa: ANN001, ANN201
     return make_engine(compile=False, **PREEMPTING)
 
 
-def test_compiled_and_eager_steps_give_the_same_logits(compiled_engine) -> None:  # noqa: ANN001
-    graph = compiled_engine.runner.decode_graph
-    assert isinstance(graph, CompiledDecode)
-    model, kv_cache = compiled_engine.runner.model, compiled_engine.runner.kv_cache
-    g = torch.Generator().manual_seed(7)
+def _random_cache(kv_cache, g: torch.Generator) -> None:  # noqa: ANN001
     for layer in kv_cache.keys + kv_cache.values:
         layer.copy_(torch.randn(layer.shape, generator=g).to(layer.dtype))
+
+
+def test_compiled_and_eager_decode_steps_give_the_same_logits(compiled_engine) -> None:  # noqa: ANN001
+    """The decode graph (what serves all-decode steps where the whole-step graph does not apply)."""
+    model, kv_cache = compiled_engine.runner.model, compiled_engine.runner.kv_cache
     block_size, lens = 8, [1, 8, 9, 30, 41]  # 14 blocks in all
+    graph = CompiledDecode(model, kv_cache, max_batch=8, max_blocks=14, block_size=block_size)
+    graph.warm_up()
+    g = torch.Generator().manual_seed(7)
+    _random_cache(kv_cache, g)
     blocks = torch.randperm(kv_cache.pad_block, generator=g).tolist()  # shuffled block tables
     inputs = graph.inputs
     inputs.block_tables.zero_()
@@ -61,6 +69,35 @@ def test_compiled_and_eager_steps_give_the_same_logits(compiled_engine) -> None:
         compiled = graph._compiled(*tensors)
         eager = model.decode_logits(*tensors, kv_cache)
     assert compiled.dtype == eager.dtype == torch.float32
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2 * eager.abs().max().item())
+    assert (compiled.argmax(-1) == eager.argmax(-1)).float().mean() >= 0.8
+
+
+def test_compiled_and_eager_mixed_steps_give_the_same_logits(compiled_engine) -> None:  # noqa: ANN001
+    """The whole-step graph on a step of decode rows and prefill chunks after cached context,
+    on shuffled block tables, against the eager layer loop over the same chunks."""
+    runner = compiled_engine.runner
+    graph = runner.step_graph
+    assert isinstance(graph, CompiledStep) and runner.decode_graph is None
+    g = torch.Generator().manual_seed(11)
+    _random_cache(runner.kv_cache, g)
+    blocks = torch.randperm(runner.kv_cache.pad_block, generator=g).tolist()
+    block_size = compiled_engine.config.block_size
+    chunks = []
+    # (tokens in the sequence, tokens computed this step): three decodes, then two prefill chunks;
+    # 14 blocks, the whole cache
+    for index, (length, new) in enumerate([(1, 1), (9, 1), (20, 1), (13, 13), (41, 7)]):
+        seq = Sequence(seq_id=index, request_id=f"r{index}", index=0,
+                       prompt_ids=[int(t) for t in torch.randint(3, 200, (length,), generator=g)],
+                       params=SamplingParams(temperature=0.0), priority=0, arrival=index, seed=0, max_tokens=4)
+        seq.block_table = [blocks.pop() for _ in range(-(-length // block_size))]
+        chunks.append(ScheduledChunk(seq, length - new, new))
+    with torch.inference_mode():
+        compiled = graph.run(chunks)
+        inputs = runner.prepare_inputs(chunks)
+        hidden = runner.model.forward(inputs.input_ids, inputs.meta, runner.kv_cache)
+        eager = runner.model.compute_logits(hidden)
+    assert compiled is not None and compiled.shape == eager.shape == (len(chunks), eager.shape[1])
     torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2 * eager.abs().max().item())
     assert (compiled.argmax(-1) == eager.argmax(-1)).float().mean() >= 0.8
 
