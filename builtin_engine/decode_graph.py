@@ -2,7 +2,8 @@
 
 A step whose chunks are all one-token decodes runs `LlamaModel.decode_logits` through one of
 these instead of the eager layer loop (prefill and mixed steps stay eager, where aborts apply
-between layers). The step's inputs are written into persistent host buffers whose block-table
+between layers). On a CPU with the C++ kernels built, `builtin_engine.step_graph` serves every
+step instead (prefill too) and this module's CPU graph is not used. The step's inputs are written into persistent host buffers whose block-table
 width is fixed (the longest sequence's blocks), and the batch is padded: rows past the real ones
 decode one token in the KV cache's pad block, which no sequence owns.
 
