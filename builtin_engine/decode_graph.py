@@ -20,7 +20,6 @@ decode one token in the KV cache's pad block, which no sequence owns.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 
@@ -30,8 +29,7 @@ import torch._inductor.config
 from builtin_engine.compile_cache import compile_cache_dir
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.scheduler import ScheduledChunk
-
-_log = logging.getLogger(__name__)
+from builtin_engine.step_graph import run_compiled
 
 
 def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -123,14 +121,9 @@ class CompiledDecode:
             return None
         rows = max(len(chunks), self.min_batch)
         self.inputs.fill(chunks, rows)
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                logits = self._compiled(*self.inputs.tensors(rows))
-        except RuntimeError as exc:  # the graph's guards failed: never compile while serving
-            if "recompil" not in str(exc).lower():
-                raise
+        logits = run_compiled(self._compiled, self.inputs.tensors(rows), "decode step")
+        if logits is None:
             self.failed = True
-            _log.warning("the compiled decode step no longer fits (%s); decoding eagerly from now on", exc)
             return None
         return logits[: len(chunks)]
 

@@ -21,7 +21,7 @@ between its layers, as with the decode graph; pooling steps (embeddings) stay ea
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch._inductor.config
@@ -128,16 +128,24 @@ class CompiledStep:
         if not self.fits(chunks):
             return None
         args, num_samples = self.inputs(chunks)
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                logits = self._compiled(*args)
-        except RuntimeError as exc:  # the graph's guards failed: never compile while serving
-            if "recompil" not in str(exc).lower():
-                raise
+        logits = run_compiled(self._compiled, args, "step")
+        if logits is None:
             self.failed = True
-            _log.warning("the compiled step no longer fits (%s); running steps eagerly from now on", exc)
             return None
         return logits[:num_samples]
+
+
+def run_compiled(compiled: Callable[..., torch.Tensor], args: Sequence[torch.Tensor], what: str) -> torch.Tensor | None:
+    """`compiled(*args)`, or None when that would recompile (the graph's guards failed): nothing
+    is compiled while serving, the caller runs eagerly from then on."""
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return compiled(*args)
+    except RuntimeError as exc:
+        if "recompil" not in str(exc).lower():
+            raise
+        _log.warning("the compiled %s no longer fits (%s); running eagerly from now on", what, exc)
+        return None
 
 
 def make_step_graph(model: LlamaModel, kv_cache: KVCache, config: EngineConfig,
