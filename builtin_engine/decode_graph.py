@@ -3,30 +3,29 @@
 A step whose chunks are all one-token decodes runs `LlamaModel.decode_logits` through one of
 these instead of the eager layer loop (prefill and mixed steps stay eager, where aborts apply
 between layers). On a CPU with the C++ kernels built, `builtin_engine.step_graph` serves every
-step instead (prefill too) and this module's CPU graph is not used. The step's inputs are written into persistent host buffers whose block-table
-width is fixed (the longest sequence's blocks), and the batch is padded: rows past the real ones
-decode one token in the KV cache's pad block, which no sequence owns.
+step instead (prefill too) and this module's CPU graph is not used. The step's inputs are written
+into persistent host buffers whose block-table width is fixed (the longest sequence's blocks),
+and the batch is padded: rows past the real ones decode one token in the KV cache's pad block,
+which no sequence owns.
 
 - `CompiledDecode` (CPU): one torch.compile'd graph (inductor's C++ code generation) for every
   batch of 2 to `max_batch` rows (the batch dimension is dynamic; a lone row is padded to 2).
   Projections are opaque calls on the oneDNN-packed matrices (`builtin_engine.packed_linear`)
   and attention and the KV write the C++ kernels, so inductor fuses what lies between: norms,
   residual adds, rotary, SiLU. It is compiled and run before the engine is ready (`warm_up`), its
-  code cached on disk (`compile_cache_dir`), and never recompiled while serving: a step the graph
-  does not fit runs eagerly.
+  code cached on disk (`builtin_engine.compile_cache`), and never recompiled while serving: a
+  step the graph does not fit runs eagerly.
 - `CudaGraphDecode` (CUDA): one CUDA graph per batch size of `sizes`, sharing a memory pool; a
   step pads to the next captured size and replays it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import torch._inductor.config
 
-from builtin_engine.compile_cache import compile_cache_dir
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.scheduler import ScheduledChunk
 from builtin_engine.step_graph import run_compiled
@@ -85,7 +84,6 @@ class CompiledDecode:
 
     def __init__(self, model: LlamaModel, kv_cache: KVCache, *, max_batch: int, max_blocks: int,
                  block_size: int) -> None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
         self.model = model
         self.kv_cache = kv_cache
         self.max_batch = max(max_batch, self.min_batch)
