@@ -244,6 +244,11 @@ class Response:
         conn.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    def has_piece(self) -> bool:
+        """Body bytes (or the body's end) are there: `next_piece` returns without waiting."""
+        conn = self._conn
+        return conn is None or bool(conn.pieces) or conn.complete or conn.error is not None
+
     async def read(self, limit: int | None = None, deadline: float | None = None) -> bytes:
         """The rest of the body (at most about `limit` bytes)."""
         chunks: list[bytes] = []

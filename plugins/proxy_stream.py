@@ -124,8 +124,22 @@ class UpstreamEvents:
         timeout."""
         backend = self._backend
         t = backend.options.timeouts
+        response = self._response
+        assert response is not None
         try:
-            piece = await self._response.next_piece(self._when)  # type: ignore[union-attr]
+            if response.has_piece():
+                piece = await response.next_piece(self._when)
+            else:
+                piece = await response.next_piece(self._when)
+                if piece is not None:
+                    # one loop turn before the batch goes out: what this stream's upstream sends
+                    # meanwhile joins it, so that one client write carries it (as a pump task's
+                    # hop did; without it, one write per read costs more than the hop saves)
+                    await asyncio.sleep(0)
+                    if response.has_piece():
+                        more = await response.next_piece(self._when)
+                        if more is not None:
+                            piece += more
         except TimeoutError:
             if self._first:
                 raise UpstreamError(f"Backend `{backend.name}` sent no data within {t.first_byte_s:g} s.",
