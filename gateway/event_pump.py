@@ -15,7 +15,7 @@ class EventPump:
     text back to wait for it.
 
     A backend whose event iterator has `next_batch()` (the proxies' `UpstreamEvents`) is read
-    from the consumer's own task: one task step per upstream read. Any other iterator runs in a
+    from the consumer's own task, with no task of its own. Any other iterator runs in a
     task of its own that buffers what it yields.
 
     `close()` closes the backend's iterator (which aborts the request upstream or in the engine)."""
