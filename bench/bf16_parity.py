@@ -6,7 +6,9 @@ attention, and transformers against itself (sdpa vs eager attention, and vs floa
 Prints, per pair, the first position where the greedy tokens differ on each prompt (32 = none
 within the first 32 tokens). Issue 16 asks for 32 on every prompt against transformers; the
 transformers-vs-transformers rows show how much of that two attention implementations of one
-library already disagree on at bfloat16.
+library already disagree on at bfloat16. transformers runs with the end token allowed but not
+stopping (`eos_token_id=None`), as `ignore_eos` means in vLLM and here; `min_new_tokens` would
+forbid it and part from us wherever an answer ends.
 
     .venv/bin/python bench/bf16_parity.py                  # ~2 min on 2 cores
 """
@@ -54,7 +56,7 @@ def transformers_tokens(model_dir: str, prompts: list[list[int]], new_tokens: in
     with torch.inference_mode():
         for prompt in prompts:
             out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 do_sample=False, max_new_tokens=new_tokens, eos_token_id=None,
                                  top_k=None, top_p=None, temperature=None)
             tokens.append(out[0, len(prompt):].tolist())
     return tokens
