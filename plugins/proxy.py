@@ -500,19 +500,24 @@ class ProxyBackend:
         while True:
             try:
                 piece = await response.next_piece(when)
-            except TimeoutError:
-                if first:
-                    raise UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.",
-                                        kind="timeout") from None
-                raise UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
-                                    kind="timeout") from None
-            except http1.HTTPError as exc:
-                raise self._transport_error(exc, after_start=True) from None
+            except (TimeoutError, http1.HTTPError) as exc:
+                raise self.body_error(exc, first=first) from None
             if piece is None:
                 return
             first = False
             when = loop.time() + t.idle_s
             yield piece
+
+    def body_error(self, exc: TimeoutError | http1.HTTPError, *, first: bool) -> UpstreamError:
+        """What a failed read of a response body is: no first piece in time, a stall mid-body,
+        or the connection's failure."""
+        if isinstance(exc, http1.HTTPError):
+            return self._transport_error(exc, after_start=True)
+        t = self.options.timeouts
+        if first:
+            return UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.", kind="timeout")
+        return UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
+                             kind="timeout")
 
     async def _drain(self, response: http1.Response) -> None:
         try:

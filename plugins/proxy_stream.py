@@ -121,8 +121,6 @@ class UpstreamEvents:
         """The body bytes that arrived since the last call; None at the end of the body. The
         first piece is awaited under the first-byte deadline, every later one under the idle
         timeout."""
-        backend = self._backend
-        t = backend.options.timeouts
         response = self._response
         assert response is not None
         try:
@@ -137,17 +135,11 @@ class UpstreamEvents:
                     more = await response.next_piece(self._when)
                     if more is not None:
                         piece += more
-        except TimeoutError:
-            if self._first:
-                raise UpstreamError(f"Backend `{backend.name}` sent no data within {t.first_byte_s:g} s.",
-                                    kind="timeout") from None
-            raise UpstreamError(f"Backend `{backend.name}` stalled for {t.idle_s:g} s in the middle of a response.",
-                                kind="timeout") from None
-        except http1.HTTPError as exc:
-            raise backend._transport_error(exc, after_start=True) from None
+        except (TimeoutError, http1.HTTPError) as exc:
+            raise self._backend.body_error(exc, first=self._first) from None
         if piece is not None:
             self._first = False
-            self._when = asyncio.get_running_loop().time() + t.idle_s
+            self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
         return piece
 
     async def _end(self, events: list[Event]) -> list[Event]:
