@@ -207,9 +207,9 @@ class LlamaModel:
 
 
 def _cast_projections(weights: LlamaWeights, dtype: torch.dtype) -> LlamaWeights:
-    """A copy whose decoder projection matrices are in `dtype` (oneDNN-packed where that pays);
-    norms, biases and the embedding keep theirs, and so does the lm_head, packed too when it is
-    bfloat16. Matrices already in `dtype` and not packed are shared, not copied."""
+    """A copy whose decoder projection matrices are in `dtype`, oneDNN-packed where that pays (see
+    `builtin_engine.packed_linear`); norms, biases and the embedding keep their dtype, and so does
+    the lm_head (packed too). Matrices already in `dtype` and not packed are shared, not copied."""
 
     def cast(matrix: torch.Tensor) -> torch.Tensor | PackedMatrix:
         return _pack_for_onednn(matrix.to(dtype))
@@ -231,6 +231,6 @@ def _cast_projections(weights: LlamaWeights, dtype: torch.dtype) -> LlamaWeights
 
 
 def _pack_for_onednn(matrix: torch.Tensor) -> torch.Tensor | PackedMatrix:
-    """A bfloat16 CPU matrix packed once for oneDNN (see `builtin_engine.packed_linear`), or
-    `matrix` itself elsewhere."""
+    """A bfloat16 or float32 CPU matrix packed once for oneDNN (see `builtin_engine.packed_linear`),
+    or `matrix` itself where oneDNN does not pay."""
     return packed_linear.pack(matrix) if packed_linear.can_pack(matrix) else matrix
