@@ -4,16 +4,18 @@ inside a torch.compile'd graph.
 bfloat16: `F.linear` on a bfloat16 CPU matrix goes through oneDNN but reorders the weights into
 its blocked layout on every call; packed once (AMX tiles where the CPU has them, AVX-512 BF16
 otherwise) the projections ran ~1.7x faster at 32 rows, with bit-identical results.
-float32: `F.linear` takes aten's own GEMM (MKL's sgemm), which on the 2-core AMD EPYC Zen 4 here
-reaches 135-145 GFLOP/s at 32 rows (the lm_head 79, one row 6-27); oneDNN's AVX-512 kernels on a
-packed matrix reach 175-215 (one row, multiplied as two: 2-4x), so float32 matrices are packed on
-x86 CPUs with AVX2 or AVX-512. Its results differ from sgemm's in the last bits (summation
-order), as sgemm's own do between batch sizes; the float32 path stays token-exact against
-transformers (tests/engine/test_hf_parity.py). A packed matrix is an opaque
-MKLDNN tensor, which torch.compile cannot take as a graph input, so a compiled graph calls the op
-`switchyard::packed_linear(x, handle, out_features)` instead: `handle` (an int, a constant of the
-graph) names the matrix in this module's table, which holds it weakly — the model owns it.
-Inductor keeps the op as an opaque call, so every graph shares the one packed copy.
+float32: `F.linear` takes aten's BLAS GEMM (MKL's sgemm in this build), which on the 2-core AMD
+EPYC Zen 4 here reaches 135-145 GFLOP/s at 32 rows (the lm_head 79, one row 6-27); oneDNN's
+AVX-512 kernels on a packed matrix reach 175-215 (one row, multiplied as two: 1.0-2.2x faster),
+so float32 matrices are packed on x86 CPUs with AVX2 or AVX-512. The results differ from sgemm's
+in the last bits (summation order), as sgemm's own do between batch sizes; the float32 path stays
+token-exact against transformers (tests/engine/test_hf_parity.py).
+
+A packed matrix is an opaque MKLDNN tensor, which torch.compile cannot take as a graph input, so
+a compiled graph calls the op `switchyard::packed_linear(x, handle, out_features)` instead:
+`handle` (an int, a constant of the graph) names the matrix in this module's table, which holds it
+weakly — the model owns it. Inductor keeps the op as an opaque call, so every graph shares the one
+packed copy.
 """
 
 from __future__ import annotations
