@@ -32,7 +32,8 @@ _handles = itertools.count()
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PackedMatrix:
-    """A [out, in] bfloat16 or float32 matrix in oneDNN's layout; `_linear` in llama.py multiplies by it."""
+    """A [out, in] bfloat16 or float32 matrix in oneDNN's layout; `_linear` in llama.py multiplies
+    by it."""
 
     packed: torch.Tensor  # MKLDNN tensor
     handle: int
@@ -57,8 +58,9 @@ def can_pack(matrix: torch.Tensor) -> bool:
 
 
 def pack(matrix: torch.Tensor) -> PackedMatrix:
-    """A CPU matrix [out, in] reordered once into oneDNN's blocked layout (no batch-size hint: the
-    layout it picks then runs as fast at 2, 32 and 256 rows as one packed for that row count)."""
+    """A CPU matrix [out, in] reordered once into oneDNN's blocked layout (no batch-size hint: in
+    float32 here the layout it picks runs as fast at 2, 32 and 256 rows as one packed for that row
+    count)."""
     packed = torch.ops.mkldnn._reorder_linear_weight(matrix, None)
     handle = next(_handles)
     _matrices[handle] = weakref.ref(packed, lambda _: _matrices.pop(handle, None))
@@ -72,8 +74,8 @@ def linear(x: torch.Tensor, matrix: PackedMatrix, bias: torch.Tensor | None = No
     A row's result does not depend on how many rows come with it: oneDNN's one-row kernel sums in
     another order than its kernel for two or more rows (bfloat16: a few outputs in a thousand
     differ in their last bit; float32: most of them where the inner dimension is 1,536), so a lone
-    row is multiplied as two, which costs about what one does. The compiled decode step never has fewer than
-    two rows."""
+    row is multiplied as two, which costs about what one does. The compiled decode step never has
+    fewer than two rows."""
     if torch.compiler.is_compiling():
         return torch.ops.switchyard.packed_linear(x, matrix.handle, matrix.out_features, bias)
     if x.shape[0] == 1:
