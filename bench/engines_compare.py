@@ -200,6 +200,7 @@ dtype = "{dtype}"
 matmul_dtype = "{matmul_dtype}"
 num_threads = {args.threads}
 max_num_seqs = {max(max_streams, 1)}
+{"compile = true" if name == "builtin" and args.builtin_compile else ""}
 kv_cache_tokens = {kv_tokens}
 max_model_len = {args.prefix_tokens + 64 if args.prefix_tokens + 64 > args.prompt_tokens + args.output_tokens
                  else args.prompt_tokens + args.output_tokens + 16}
@@ -212,7 +213,8 @@ max_model_len = {args.prefix_tokens + 64 if args.prefix_tokens + 64 > args.promp
     from bench.arms import switchyard_version
 
     return Served(name, port, served, server.pid, switchyard_version(), server.stop, {"ignore_eos": True},
-                  {"start_s": took, "kv_cache_tokens": kv_tokens, "dtype": dtype, "matmul_dtype": matmul_dtype})
+                  {"start_s": took, "kv_cache_tokens": kv_tokens, "dtype": dtype, "matmul_dtype": matmul_dtype,
+                   "compile": fast or (name == "builtin" and args.builtin_compile)})
 
 
 def start_builtin_fast(args: argparse.Namespace, model_dir: Path, log_dir: Path, max_streams: int) -> Served:
@@ -408,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="compute threads, every engine")
     parser.add_argument("--builtin-dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--builtin-compile", action="store_true",
+                        help="the `builtin` arm with `compile = true` (its steps in the compiled step graph)")
     parser.add_argument("--hf-dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--vllm-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--vllm-eager", action="store_true", help="skip torch.compile (starts faster, decodes slower)")

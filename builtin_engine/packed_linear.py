@@ -1,13 +1,21 @@
-"""bfloat16 projection matrices packed once for oneDNN, and the matmul over them, eager or inside
-a torch.compile'd graph.
+"""Projection and lm_head matrices packed once for oneDNN, and the matmul over them, eager or
+inside a torch.compile'd graph.
 
-`F.linear` on a bfloat16 CPU matrix goes through oneDNN but reorders the weights into its blocked
-layout on every call; packed once (AMX tiles where the CPU has them, AVX-512 BF16 otherwise) the
-projections ran ~1.7x faster at 32 rows, with bit-identical results. A packed matrix is an opaque
-MKLDNN tensor, which torch.compile cannot take as a graph input, so a compiled graph calls the op
-`switchyard::packed_linear(x, handle, out_features)` instead: `handle` (an int, a constant of the
-graph) names the matrix in this module's table, which holds it weakly — the model owns it.
-Inductor keeps the op as an opaque call, so every graph shares the one packed copy.
+bfloat16: `F.linear` on a bfloat16 CPU matrix goes through oneDNN but reorders the weights into
+its blocked layout on every call; packed once (AMX tiles where the CPU has them, AVX-512 BF16
+otherwise) the projections ran ~1.7x faster at 32 rows, with bit-identical results.
+float32: `F.linear` takes aten's BLAS GEMM (MKL's sgemm in this build), which on the 2-core AMD
+EPYC Zen 4 here reaches 135-145 GFLOP/s at 32 rows (the lm_head 79, one row 6-27); oneDNN's
+AVX-512 kernels on a packed matrix reach 175-215 (one row, multiplied as two: 1.0-2.2x faster),
+so float32 matrices are packed on x86 CPUs with AVX2 or AVX-512. The results differ from sgemm's
+in the last bits (summation order), as sgemm's own do between batch sizes; the float32 path stays
+token-exact against transformers (tests/engine/test_hf_parity.py).
+
+A packed matrix is an opaque MKLDNN tensor, which torch.compile cannot take as a graph input, so
+a compiled graph calls the op `switchyard::packed_linear(x, handle, out_features)` instead:
+`handle` (an int, a constant of the graph) names the matrix in this module's table, which holds it
+weakly — the model owns it. Inductor keeps the op as an opaque call, so every graph shares the one
+packed copy.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ _handles = itertools.count()
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PackedMatrix:
-    """A [out, in] bfloat16 matrix in oneDNN's layout; `_linear` in llama.py multiplies by it."""
+    """A [out, in] bfloat16 or float32 matrix in oneDNN's layout; `_linear` in llama.py multiplies
+    by it."""
 
     packed: torch.Tensor  # MKLDNN tensor
     handle: int
@@ -41,12 +50,17 @@ class PackedMatrix:
 
 
 def can_pack(matrix: torch.Tensor) -> bool:
-    return (matrix.dtype == torch.bfloat16 and matrix.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if matrix.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if matrix.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return matrix.dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def pack(matrix: torch.Tensor) -> PackedMatrix:
-    """A bfloat16 CPU matrix [out, in] reordered once into oneDNN's blocked layout."""
+    """A CPU matrix [out, in] reordered once into oneDNN's blocked layout (no batch-size hint: in
+    float32 here the layout it picks runs as fast at 2, 32 and 256 rows as one packed for that row
+    count)."""
     packed = torch.ops.mkldnn._reorder_linear_weight(matrix, None)
     handle = next(_handles)
     _matrices[handle] = weakref.ref(packed, lambda _: _matrices.pop(handle, None))
@@ -54,12 +68,14 @@ def pack(matrix: torch.Tensor) -> PackedMatrix:
 
 
 def linear(x: torch.Tensor, matrix: PackedMatrix, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] bfloat16 @ matrix^T (+ bias, added before the one rounding) -> [T, out] bfloat16.
+    """x [T, in] @ matrix^T (+ bias, added before the one rounding) -> [T, out], in the matrix's
+    dtype.
 
     A row's result does not depend on how many rows come with it: oneDNN's one-row kernel sums in
-    another order than its kernel for two or more rows (a few outputs in a thousand differ in their
-    last bit), so a lone row is multiplied as two. The compiled decode step never has fewer than
-    two rows."""
+    another order than its kernel for two or more rows (bfloat16: a few outputs in a thousand
+    differ in their last bit; float32: most of them where the inner dimension is 1,536), so a lone
+    row is multiplied as two, which costs about what one does. The compiled decode step never has
+    fewer than two rows."""
     if torch.compiler.is_compiling():
         return torch.ops.switchyard.packed_linear(x, matrix.handle, matrix.out_features, bias)
     if x.shape[0] == 1:

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -21,6 +21,7 @@ import pluggy
 
 from gateway.auth import Redactor, authorization_of
 from gateway.config import Config, resolve_backend_options
+from gateway.event_pump import EventPump
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
 from gateway.metrics import ArmMetrics, Metrics, observe_all
@@ -35,7 +36,7 @@ from plugins import routing
 from plugins.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
 from plugins.health import HealthMonitor
 from plugins.manager import backend_types, build_plugin_manager
-from plugins.protocol import Backend, Event, ModelInfo, RequestSpec, Usage
+from plugins.protocol import Backend, ModelInfo, RequestSpec, Usage
 from plugins.registry import Route, Target
 
 log = logging.getLogger("switchyard.gateway")
@@ -340,77 +341,3 @@ class Gateway:
         log.warning("route %s: backend %s failed before the first token (%s: %s); trying the next target",
                     plan.route.name, target.backend, kind, getattr(error, "message", error))
         return kind
-
-class EventPump:
-    """Runs a backend's event iterator in its own task and hands the consumer every event that
-    is ready at once, so that a `Finish` yielded right after the last `TextDelta` can ride on
-    the same chunk without holding any text back to wait for it.
-
-    `close()` cancels the task, which closes the backend's iterator (its `finally` aborts the
-    request upstream or in the engine)."""
-
-    def __init__(self, events: AsyncIterator[Event]) -> None:
-        self._events = events
-        self._buffer: list[Event] = []
-        self._error: BaseException | None = None
-        self._done = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        self._timer: asyncio.TimerHandle | None = None
-
-    def interrupt_at(self, when: float, error: BaseException) -> None:
-        """`interrupt(error)` at loop time `when` (a request deadline), unless closed first."""
-        self._timer = asyncio.get_running_loop().call_at(when, self.interrupt, error)
-
-    def interrupt(self, error: BaseException) -> None:
-        """End the stream with `error`: the consumer gets the events already here, then
-        `error`; the backend's iterator is cancelled (which aborts its request)."""
-        if self._done:
-            return
-        self._error = error
-        self._done = True
-        self._task.cancel()
-        self._wake()
-
-    async def _run(self) -> None:
-        try:
-            async for event in self._events:
-                self._buffer.append(event)
-                self._wake()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # handed to the consumer, who raises it
-            if not self._done:  # not after `interrupt`, whose error stands
-                self._error = exc
-        finally:
-            self._done = True
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def next_batch(self) -> list[Event] | None:
-        """The events ready now (waiting for at least one); None when the stream has ended."""
-        while not self._buffer:
-            if self._done:
-                if self._error is not None:
-                    error, self._error = self._error, None
-                    raise error
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-            self._waiter = None
-        batch, self._buffer = self._buffer, []
-        return batch
-
-    async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass

@@ -75,6 +75,8 @@ class _Connection(asyncio.Protocol):
         self.deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._wake_soon = False
+        self.loop = asyncio.get_running_loop()
         self._reset()
 
     def _reset(self) -> None:
@@ -138,6 +140,15 @@ class _Connection(asyncio.Protocol):
         if self.buffered >= READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
+        if not self._wake_soon:
+            # the reader is woken one loop turn later: the bytes of this stream that arrive in
+            # that turn join the same piece (one parse, one client write for them all; the
+            # gateway's pump task used to give that turn)
+            self._wake_soon = True
+            self.loop.call_soon(self._wake_later)
+
+    def _wake_later(self) -> None:
+        self._wake_soon = False
         self._wake()
 
     def on_message_complete(self) -> None:

@@ -64,8 +64,8 @@ from plugins.protocol import (
 )
 from plugins.proxy_embeddings import embed_upstream
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
-from plugins.sse_parser import SSEParser
-from plugins.upstream_events import StreamNormalizer, error_from_body
+from plugins.proxy_stream import UpstreamEvents
+from plugins.upstream_events import error_from_body
 
 log = logging.getLogger("switchyard.proxy")
 
@@ -442,41 +442,11 @@ class ProxyBackend:
             return events
         return split_reasoning(events, ReasoningSplitter(factory))
 
-    async def stream_upstream(self, spec: RequestSpec) -> AsyncIterator[Event]:
-        """Stream one request upstream. A failure before the first event is raised before any
-        event (so the gateway still answers with a real status); closing this iterator closes
-        the upstream response, which cancels the request upstream."""
-        body = self.build_body(spec)  # translation errors: 400 before anything is sent
-        path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
-        replica, response, deadline = await self._open(spec, path, _json_encode(body), self.request_headers(spec))
-        self._open_streams += 1
-        error: BaseException | None = None
-        try:
-            norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=self.name, spec=spec,
-                                    content_calls=self.content_calls(spec))
-            ctype = response.headers.get("content-type", "")
-            if "text/event-stream" not in ctype:
-                raw = await self._read_capped(response, deadline, limit=None)
-                try:
-                    obj = _json_decode(raw)
-                except msgspec.DecodeError:
-                    raise UpstreamError(f"Backend `{self.name}` answered with {ctype or 'no content type'}, "
-                                        "neither SSE nor JSON.", kind="bad_gateway") from None
-                for event in norm.feed_response(obj if isinstance(obj, dict) else {}):
-                    yield event
-            else:
-                async for event in self._stream_events(response, norm, deadline):
-                    yield event
-            yield norm.finish()
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            try:
-                await response.aclose()
-            finally:
-                self._open_streams -= 1
-                self.fleet.finished(replica, spec, error)
+    def stream_upstream(self, spec: RequestSpec) -> UpstreamEvents:
+        """Stream one request upstream (`plugins.proxy_stream`). A failure before the first
+        event is raised before any event (so the gateway still answers with a real status);
+        closing it closes the upstream response, which cancels the request upstream."""
+        return UpstreamEvents(self, spec)
 
     async def _open(self, spec: RequestSpec, path: str, content: bytes,
                     headers: dict[str, str]) -> tuple[Replica, http1.Response, float]:
@@ -507,22 +477,6 @@ class ProxyBackend:
                 raise
             return replica, response, deadline
 
-    async def _stream_events(self, response: http1.Response, norm: StreamNormalizer,
-                             deadline: float) -> AsyncIterator[Event]:
-        """The SSE body's events, normalized; after `[DONE]` the rest of the body (the chunked
-        terminator) is read, so that the connection stays reusable."""
-        parser = SSEParser()
-        pieces = self._pieces(response, deadline)
-        async for piece in pieces:
-            for sse in parser.feed(piece):
-                if sse.event not in ("message", "error"):
-                    continue
-                for event in norm.feed_data(sse.data):
-                    yield event
-                if norm.done:
-                    await self._drain(response)
-                    return
-
     async def _send(self, replica: Replica, path: str, content: bytes, headers: dict[str, str],
                     deadline: float) -> http1.Response:
         """POST and wait for the response head, under the first-byte deadline."""
@@ -546,19 +500,24 @@ class ProxyBackend:
         while True:
             try:
                 piece = await response.next_piece(when)
-            except TimeoutError:
-                if first:
-                    raise UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.",
-                                        kind="timeout") from None
-                raise UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
-                                    kind="timeout") from None
-            except http1.HTTPError as exc:
-                raise self._transport_error(exc, after_start=True) from None
+            except (TimeoutError, http1.HTTPError) as exc:
+                raise self.body_error(exc, first=first) from None
             if piece is None:
                 return
             first = False
             when = loop.time() + t.idle_s
             yield piece
+
+    def body_error(self, exc: TimeoutError | http1.HTTPError, *, first: bool) -> UpstreamError:
+        """What a failed read of a response body is: no first piece in time, a stall mid-body,
+        or the connection's failure."""
+        if isinstance(exc, http1.HTTPError):
+            return self._transport_error(exc, after_start=True)
+        t = self.options.timeouts
+        if first:
+            return UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.", kind="timeout")
+        return UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
+                             kind="timeout")
 
     async def _drain(self, response: http1.Response) -> None:
         try:

@@ -50,7 +50,9 @@ def make_engine(tiny_model_dir: Path, tiny_tokenizer) -> Callable[..., object]: 
 
 
 class HFReference:
-    """transformers greedy generation, one prompt at a time, memoized."""
+    """transformers greedy generation, one prompt at a time, memoized. `ignore_eos` lets the end
+    token be chosen without stopping there (vLLM's meaning), rather than forbidding it as
+    `min_new_tokens` would."""
 
     def __init__(self, model_dir: Path, dtype: object = None) -> None:
         import torch
@@ -68,7 +70,7 @@ class HFReference:
                 out = self.model.generate(
                     torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                     do_sample=False, max_new_tokens=max_new_tokens, top_k=None, top_p=None, temperature=None,
-                    min_new_tokens=max_new_tokens if ignore_eos else None,
+                    **({"eos_token_id": None} if ignore_eos else {}),
                 )
             self._memo[key] = out[0, len(prompt):].tolist()
         return self._memo[key]

@@ -128,7 +128,6 @@ def test_batch_under_preemption_and_prefix_hits_gives_one_at_a_time_tokens(engin
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
              "Write a haiku about the sea.", "Explain what a CPU cache is.", "List three fruits.",
              "Who wrote Hamlet?", "Translate 'good morning' to French."]
-AGREE_AT_LEAST = 4  # leading tokens every prompt shares with transformers in bfloat16, ties aside
 
 
 def _tie_gap(model, ids: list[int]) -> float:  # noqa: ANN001
@@ -143,9 +142,10 @@ def _tie_gap(model, ids: list[int]) -> float:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_default_model_follows_transformers_in_bfloat16(make_engine, default_model_dir) -> None:  # noqa: ANN001
-    """Not token-exact for 32 tokens (attention's last bits differ from sdpa's: its exp and
-    summation order), but no prompt leaves transformers' bfloat16 tokens before AGREE_AT_LEAST
-    unless transformers itself stands at a tie there (its top two logits within one bfloat16 ulp).
+    """Every prompt follows transformers' bfloat16 greedy tokens for all MAX_NEW tokens, or leaves
+    them where transformers itself stands at a tie (its top two logits within one bfloat16 ulp,
+    which the last bits of attention's exp and summation order may break either way; transformers'
+    own eager attention leaves its sdpa tokens on 3 of these 8 prompts: bench/bf16_parity.py).
     The first divergence positions and transformers' top-two gaps there are printed."""
     from builtin_engine.chat_template import ChatTemplate
     from builtin_engine.tokenizer import Tokenizer
@@ -167,4 +167,4 @@ def test_default_model_follows_transformers_in_bfloat16(make_engine, default_mod
         firsts.append(first)
         gaps.append(None if first == MAX_NEW else _tie_gap(hf.model, prompt + ref[:first]))
     print("first divergence per prompt:", firsts, "transformers' top-2 gap there (bf16 ulps):", gaps)
-    assert all(first >= AGREE_AT_LEAST or gap <= 1 for first, gap in zip(firsts, gaps)), (firsts, gaps)
+    assert all(first == MAX_NEW or gap <= 1 for first, gap in zip(firsts, gaps)), (firsts, gaps)

@@ -1,0 +1,178 @@
+"""One proxied generation as batches of events, read in the consumer's own task.
+
+`UpstreamEvents` is what `ProxyBackend.stream_upstream` returns. Its `next_batch()` waits for the
+upstream's next body bytes (everything that arrived since the last call, joined), parses their
+SSE events and normalizes them into one list of protocol events. The gateway's `EventPump`
+calls it directly from the request's task: no pump task, its future and three async-generator
+layers per upstream read. Reads that arrive while the request's task is busy, or in the loop
+turn `http1` lets pass before it wakes a reader, are joined into one batch, so one client write
+carries them all (A/B at 256 streams: 0.705 -> 0.655 s of gateway CPU per 1,000 requests).
+
+It is also an ordinary async iterator of events (`async for`, `aclose()`), for every other
+consumer. Like the async generator it replaces: a failure before the first event is raised
+before any event; events parsed before a malformed one still come out, then the error; any
+exception (a cancellation too) ends it and closes the upstream response, which cancels the
+request upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from plugins import http1
+from plugins.errors import UpstreamError
+from plugins.protocol import Event, RequestSpec
+from plugins.sse_parser import SSEParser
+from plugins.upstream_events import StreamNormalizer
+
+if TYPE_CHECKING:
+    from plugins.fleet.replica import Replica
+    from plugins.proxy import ProxyBackend
+
+_json_decode = msgspec.json.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+
+
+class UpstreamEvents:
+    __slots__ = ("_backend", "_spec", "_replica", "_response", "_norm", "_parser", "_when", "_first",
+                 "_pending", "_ended", "_closed", "_unread")
+
+    def __init__(self, backend: ProxyBackend, spec: RequestSpec) -> None:
+        self._backend = backend
+        self._spec = spec
+        self._replica: Replica | None = None
+        self._response: http1.Response | None = None
+        self._norm: StreamNormalizer | None = None
+        self._parser = SSEParser()
+        self._when = 0.0  # loop time by which the next body piece must arrive
+        self._first = True  # no body piece yet (the first-byte timeout applies)
+        self._pending: Exception | None = None  # raised by the next call, after the events before it
+        self._ended = False
+        self._closed = False
+        self._unread: list[Event] = []  # what `__anext__` has not handed out yet
+
+    async def next_batch(self) -> list[Event] | None:
+        """The events of the next upstream read(s), at least one (waiting for them); None once
+        the stream has ended (its last batch ends with the `Usage`)."""
+        try:
+            if self._pending is not None:
+                error, self._pending = self._pending, None
+                raise error
+            if self._ended:
+                return None
+            if self._response is None:
+                events = await self._start()
+                if events is not None:
+                    return events
+            return await self._read()
+        except BaseException as exc:
+            await self._close(exc)
+            raise
+
+    async def _start(self) -> list[Event] | None:
+        """Send the request; for an answer that is not SSE (one JSON object), all its events."""
+        backend, spec = self._backend, self._spec
+        body = backend.build_body(spec)  # translation errors: 400 before anything is sent
+        path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
+        self._replica, self._response, self._when = await backend._open(spec, path, _json_encode(body),
+                                                                        backend.request_headers(spec))
+        backend._open_streams += 1
+        self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=backend.name, spec=spec,
+                                      content_calls=backend.content_calls(spec))
+        ctype = self._response.headers.get("content-type", "")
+        if "text/event-stream" in ctype:
+            return None
+        raw = await backend._read_capped(self._response, self._when, limit=None)
+        try:
+            obj = _json_decode(raw)
+        except msgspec.DecodeError:
+            raise UpstreamError(f"Backend `{backend.name}` answered with {ctype or 'no content type'}, "
+                                "neither SSE nor JSON.", kind="bad_gateway") from None
+        events = self._norm.feed_response(obj if isinstance(obj, dict) else {})
+        return await self._end(events)
+
+    async def _read(self) -> list[Event]:
+        norm = self._norm
+        assert norm is not None
+        while True:
+            piece = await self._piece()
+            if piece is None:
+                return await self._end([])
+            events: list[Event] = []
+            try:
+                for sse in self._parser.feed(piece):
+                    if sse.event != "message" and sse.event != "error":
+                        continue
+                    events += norm.feed_data(sse.data)
+                    if norm.done:
+                        await self._backend._drain(self._response)  # type: ignore[arg-type]
+                        return await self._end(events)
+            except Exception as exc:
+                if not events:
+                    raise
+                self._pending = exc
+            if events:
+                return events
+
+    async def _piece(self) -> bytes | None:
+        """The body bytes that arrived since the last call; None at the end of the body. The
+        first piece is awaited under the first-byte deadline, every later one under the idle
+        timeout."""
+        response = self._response
+        assert response is not None
+        try:
+            piece = await response.next_piece(self._when)
+        except (TimeoutError, http1.HTTPError) as exc:
+            raise self._backend.body_error(exc, first=self._first) from None
+        if piece is not None:
+            self._first = False
+            self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
+        return piece
+
+    async def _end(self, events: list[Event]) -> list[Event]:
+        """The stream is complete: `events` and the usage are its last batch."""
+        try:
+            events.append(self._norm.finish())  # type: ignore[union-attr]
+        except Exception as exc:
+            if not events:
+                raise
+            self._pending = exc
+            return events
+        self._ended = True
+        await self._close(None)
+        return events
+
+    async def _close(self, error: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ended = True
+        response = self._response
+        if response is None:
+            return  # never sent (or `_open` failed, which told the fleet itself)
+        try:
+            await response.aclose()
+        finally:
+            self._backend._open_streams -= 1
+            self._backend.fleet.finished(self._replica, self._spec, error)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        """Stop: the upstream response is closed (the request cancelled upstream) if it has not
+        ended."""
+        self._pending = None
+        self._unread = []
+        await self._close(asyncio.CancelledError())
+
+    def __aiter__(self) -> UpstreamEvents:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._unread:
+            batch = await self.next_batch()
+            if batch is None:
+                raise StopAsyncIteration
+            self._unread = batch
+        return self._unread.pop(0)
