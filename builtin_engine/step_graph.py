@@ -35,6 +35,12 @@ _log = logging.getLogger(__name__)
 
 MIN_SIZE = 2  # torch specializes dynamic sizes 0 and 1: smaller steps are padded to this
 MAX_SIZE = 1 << 16  # tokens (and sequences) of a step; far above any budget, int32 indexing still
+# Inductor runs a loop on one thread when each thread would get fewer elements than this at the
+# graph's size hint (MIN_SIZE tokens, the first compile's): the norms and SiLU (576-3,072 a token)
+# stay serial, the logits' float32 copy (the vocabulary a row) parallel. A parallel region wakes
+# the second OpenMP thread, which has slept since the last one (GOMP_SPINCOUNT is short, see
+# `cpu_threads`): at a decode step's few dozen rows that wake-up costs more than the loop.
+SERIAL_BELOW = 4096
 
 
 class CompiledStep:
@@ -50,7 +56,7 @@ class CompiledStep:
         self.max_blocks = max_blocks
         self.block_size = block_size
         torch._inductor.config.emulate_precision_casts = True  # round where the eager code rounds
-        self._compiled = torch.compile(self._step, fullgraph=True)
+        self._compiled = torch.compile(self._step, fullgraph=True, options={"cpp.min_chunk_size": SERIAL_BELOW})
         self.failed = False  # a call would have recompiled: eager from then on
 
     def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
