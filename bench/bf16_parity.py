@@ -1,7 +1,7 @@
 """How far greedy bfloat16 decoding agrees with itself across implementations: the built-in
 engine's bfloat16 path (eager and compiled) against transformers' bfloat16 `generate` with sdpa
 attention, and transformers against itself (sdpa vs eager attention, and vs float32), on the
-8 chat prompts of the fast-path parity test (`tests/engine/test_fast_path.py`).
+8 chat prompts below, which the fast-path parity test (`tests/engine/test_fast_path.py`) uses too.
 
 Prints, per pair, the first position where the greedy tokens differ on each prompt (32 = none
 within the first 32 tokens). Issue 16 asks for 32 on every prompt against transformers; the
@@ -30,6 +30,13 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
              "Write a haiku about the sea.", "Explain what a CPU cache is.", "List three fruits.",
              "Who wrote Hamlet?", "Translate 'good morning' to French."]
 SYSTEM = {"role": "system", "content": "You are a concise assistant."}
+
+
+def chat_prompts(model_dir: str) -> list[list[int]]:
+    """The 8 QUESTIONS as the model's chat prompts, token ids."""
+    tokenizer, template = Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir)
+    return [tokenizer.encode(template.render([SYSTEM, {"role": "user", "content": q}]), add_special_tokens=False)
+            for q in QUESTIONS]
 
 
 def engine_tokens(model_dir: str, prompts: list[list[int]], new_tokens: int, *, compile: bool) -> list[list[int]]:
@@ -74,9 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = str(resolve_model(args.model))
-    tokenizer, template = Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir)
-    prompts = [tokenizer.encode(template.render([SYSTEM, {"role": "user", "content": q}]), add_special_tokens=False)
-               for q in QUESTIONS]
+    prompts = chat_prompts(model_dir)
     runs = {
         "hf bf16 sdpa": transformers_tokens(model_dir, prompts, args.tokens, dtype=torch.bfloat16, attention="sdpa"),
         "hf bf16 eager": transformers_tokens(model_dir, prompts, args.tokens, dtype=torch.bfloat16, attention="eager"),

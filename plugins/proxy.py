@@ -64,7 +64,7 @@ from plugins.protocol import (
 )
 from plugins.proxy_embeddings import embed_upstream
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
-from plugins.proxy_stream import UpstreamEvents
+from plugins.proxy_stream import BodyPieces, UpstreamEvents
 from plugins.upstream_events import error_from_body
 
 log = logging.getLogger("switchyard.proxy")
@@ -490,35 +490,6 @@ class ProxyBackend:
         log.debug("backend %s: POST %s%s -> %d", self.name, replica.url, path, response.status)
         return response
 
-    async def _pieces(self, response: http1.Response, deadline: float) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (no re-chunking); the first piece under the first-byte
-        deadline, every later one under the idle timeout."""
-        t = self.options.timeouts
-        loop = asyncio.get_running_loop()
-        when = deadline
-        first = True
-        while True:
-            try:
-                piece = await response.next_piece(when)
-            except (TimeoutError, http1.HTTPError) as exc:
-                raise self.body_error(exc, first=first) from None
-            if piece is None:
-                return
-            first = False
-            when = loop.time() + t.idle_s
-            yield piece
-
-    def body_error(self, exc: TimeoutError | http1.HTTPError, *, first: bool) -> UpstreamError:
-        """What a failed read of a response body is: no first piece in time, a stall mid-body,
-        or the connection's failure."""
-        if isinstance(exc, http1.HTTPError):
-            return self._transport_error(exc, after_start=True)
-        t = self.options.timeouts
-        if first:
-            return UpstreamError(f"Backend `{self.name}` sent no data within {t.first_byte_s:g} s.", kind="timeout")
-        return UpstreamError(f"Backend `{self.name}` stalled for {t.idle_s:g} s in the middle of a response.",
-                             kind="timeout")
-
     async def _drain(self, response: http1.Response) -> None:
         try:
             await response.read(MAX_ERROR_BODY, asyncio.get_running_loop().time() + 1.0)
@@ -528,8 +499,9 @@ class ProxyBackend:
     async def _read_capped(self, response: http1.Response, deadline: float, limit: int | None = MAX_ERROR_BODY) -> bytes:
         chunks: list[bytes] = []
         size = 0
+        body = BodyPieces(self, response, deadline)
         try:
-            async for piece in self._pieces(response, deadline):
+            while (piece := await body.next()) is not None:
                 chunks.append(piece)
                 size += len(piece)
                 if limit is not None and size >= limit:

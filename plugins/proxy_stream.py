@@ -37,18 +37,17 @@ _json_encode = msgspec.json.Encoder().encode
 
 
 class UpstreamEvents:
-    __slots__ = ("_backend", "_spec", "_replica", "_response", "_norm", "_parser", "_when", "_first",
-                 "_pending", "_ended", "_closed", "_unread")
+    __slots__ = ("_backend", "_spec", "_replica", "_response", "_body", "_norm", "_parser", "_pending", "_ended",
+                 "_closed", "_unread")
 
     def __init__(self, backend: ProxyBackend, spec: RequestSpec) -> None:
         self._backend = backend
         self._spec = spec
         self._replica: Replica | None = None
         self._response: http1.Response | None = None
+        self._body: BodyPieces | None = None
         self._norm: StreamNormalizer | None = None
         self._parser = SSEParser()
-        self._when = 0.0  # loop time by which the next body piece must arrive
-        self._first = True  # no body piece yet (the first-byte timeout applies)
         self._pending: Exception | None = None  # raised by the next call, after the events before it
         self._ended = False
         self._closed = False
@@ -77,15 +76,16 @@ class UpstreamEvents:
         backend, spec = self._backend, self._spec
         body = backend.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
-        self._replica, self._response, self._when = await backend._open(spec, path, _json_encode(body),
-                                                                        backend.request_headers(spec))
+        self._replica, self._response, deadline = await backend._open(spec, path, _json_encode(body),
+                                                                      backend.request_headers(spec))
+        self._body = BodyPieces(backend, self._response, deadline)
         backend._open_streams += 1
         self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=backend.name, spec=spec,
                                       content_calls=backend.content_calls(spec))
         ctype = self._response.headers.get("content-type", "")
         if "text/event-stream" in ctype:
             return None
-        raw = await backend._read_capped(self._response, self._when, limit=None)
+        raw = await backend._read_capped(self._response, deadline, limit=None)
         try:
             obj = _json_decode(raw)
         except msgspec.DecodeError:
@@ -98,7 +98,7 @@ class UpstreamEvents:
         norm = self._norm
         assert norm is not None
         while True:
-            piece = await self._piece()
+            piece = await self._body.next()  # type: ignore[union-attr]
             if piece is None:
                 return await self._end([])
             events: list[Event] = []
@@ -116,21 +116,6 @@ class UpstreamEvents:
                 self._pending = exc
             if events:
                 return events
-
-    async def _piece(self) -> bytes | None:
-        """The body bytes that arrived since the last call; None at the end of the body. The
-        first piece is awaited under the first-byte deadline, every later one under the idle
-        timeout."""
-        response = self._response
-        assert response is not None
-        try:
-            piece = await response.next_piece(self._when)
-        except (TimeoutError, http1.HTTPError) as exc:
-            raise self._backend.body_error(exc, first=self._first) from None
-        if piece is not None:
-            self._first = False
-            self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
-        return piece
 
     async def _end(self, events: list[Event]) -> list[Event]:
         """The stream is complete: `events` and the usage are its last batch."""
@@ -176,3 +161,39 @@ class UpstreamEvents:
                 raise StopAsyncIteration
             self._unread = batch
         return self._unread.pop(0)
+
+
+class BodyPieces:
+    """A response body's bytes as they arrive (no re-chunking): the first piece under the
+    first-byte deadline, every later one under the backend's idle timeout; a failed read is the
+    backend's `UpstreamError` (no first piece in time, a stall mid-body, or the connection's
+    failure)."""
+
+    __slots__ = ("_backend", "_response", "_when", "_first")
+
+    def __init__(self, backend: ProxyBackend, response: http1.Response, deadline: float) -> None:
+        self._backend = backend
+        self._response = response
+        self._when = deadline  # loop time by which the next piece must arrive
+        self._first = True
+
+    async def next(self) -> bytes | None:
+        """The bytes that arrived since the last call; None at the end of the body."""
+        try:
+            piece = await self._response.next_piece(self._when)
+        except (TimeoutError, http1.HTTPError) as exc:
+            raise self._error(exc) from None
+        if piece is not None:
+            self._first = False
+            self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
+        return piece
+
+    def _error(self, exc: TimeoutError | http1.HTTPError) -> UpstreamError:
+        backend = self._backend
+        if isinstance(exc, http1.HTTPError):
+            return backend._transport_error(exc, after_start=True)
+        t = backend.options.timeouts
+        if self._first:
+            return UpstreamError(f"Backend `{backend.name}` sent no data within {t.first_byte_s:g} s.", kind="timeout")
+        return UpstreamError(f"Backend `{backend.name}` stalled for {t.idle_s:g} s in the middle of a response.",
+                             kind="timeout")

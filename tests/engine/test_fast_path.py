@@ -125,10 +125,6 @@ def test_batch_under_preemption_and_prefix_hits_gives_one_at_a_time_tokens(engin
 
 # ---- the real default model -------------------------------------------------------------------
 
-QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
-             "Write a haiku about the sea.", "Explain what a CPU cache is.", "List three fruits.",
-             "Who wrote Hamlet?", "Translate 'good morning' to French."]
-
 
 def _tie_gap(model, ids: list[int]) -> float:  # noqa: ANN001
     """transformers' bfloat16 next-token logits after `ids`: the gap between its top two, in
@@ -145,15 +141,11 @@ def test_default_model_follows_transformers_in_bfloat16(make_engine, default_mod
     """Every prompt follows transformers' bfloat16 greedy tokens for all MAX_NEW tokens, or leaves
     them where transformers itself stands at a tie (its top two logits within one bfloat16 ulp,
     which the last bits of attention's exp and summation order may break either way; transformers'
-    own eager attention leaves its sdpa tokens on 3 of these 8 prompts: bench/bf16_parity.py).
+    own eager attention leaves its sdpa tokens on 5 of these 8 prompts: bench/bf16_parity.py).
     The first divergence positions and transformers' top-two gaps there are printed."""
-    from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.tokenizer import Tokenizer
+    from bench.bf16_parity import chat_prompts
 
-    tokenizer, template = Tokenizer.from_dir(default_model_dir), ChatTemplate.from_dir(default_model_dir)
-    system = {"role": "system", "content": "You are a concise assistant."}
-    prompts = [tokenizer.encode(template.render([system, {"role": "user", "content": q}]), add_special_tokens=False)
-               for q in QUESTIONS]
+    prompts = chat_prompts(str(default_model_dir))
     hf = HFReference(default_model_dir, dtype=torch.bfloat16)
     engine = make_engine(default_model_dir, dtype="bfloat16", compile=False, max_num_batched_tokens=64)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
