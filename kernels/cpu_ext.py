@@ -7,8 +7,8 @@ The ops, `torch.ops.switchyard_cpu.*`, have the references' signatures (`paged_a
 in decode_attention.py, `paged_attention_prefill` in prefill_attention.py, `reshape_and_cache` in
 kv_cache.py; `packed_linear` that of `builtin_engine.packed_linear`'s Python op, over the matrices
 that module registers with `remember_packed`; `argmax_rows` torch.argmax's over a float32 matrix's
-rows, for the sampler) and fake (meta) implementations, so torch.compile
-traces them as opaque calls.
+rows, for the sampler) and fake (meta) implementations, so torch.compile traces them as opaque
+calls.
 """
 
 from __future__ import annotations
