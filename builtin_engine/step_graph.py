@@ -41,6 +41,7 @@ MAX_SIZE = 1 << 16  # tokens (and sequences) of a step; far above any budget, in
 # the second OpenMP thread, which has slept since the last one (GOMP_SPINCOUNT is short, see
 # `cpu_threads`): at a decode step's few dozen rows that wake-up costs more than the loop.
 SERIAL_BELOW = 4096
+MAX_ENGINES = 64  # compiled engines in one process
 # Inductor's C++ wrapper calls the graph's kernels and opaque ops from C++, not from a Python
 # function, so with the C++ `packed_linear` (builtin_engine.packed_linear) no Python runs between a
 # step's kernels and the gaps between its parallel regions shrink. It doubles the first compile.
@@ -112,7 +113,12 @@ class CompiledStep:
         import kernels
 
         kernels.resolve_backend()  # the trace must see the kernel choice the engine will use
-        with torch.fx.experimental._config.patch(use_duck_shape=False):  # T, B, S: a symbol each, even when equal
+        # T, B, S: a symbol each, even when equal. Only those: after another engine's graph in this
+        # process (its model's sizes differ) dynamo would also make the weights' sizes dynamic, a
+        # graph that a process with this engine alone never compiles, so never in the cache. Every
+        # engine's graph is an entry of the one `_step`, so the entries' limit is raised too.
+        with torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=MAX_ENGINES):
             self._warm_up_once(MIN_SIZE, MIN_SIZE, MIN_SIZE, first=True)
         self._warm_up_once(self.max_tokens, self.max_seqs, self.max_samples, first=False)
 
