@@ -11,6 +11,7 @@ a transport that collects what it writes).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -44,6 +45,17 @@ class _HeadWithBodyCycle(RequestResponseCycle):
     exchange) to go out with it."""
 
     head: bytes = b""  # the response head not written yet
+    on_disconnect: Callable[[], None] | None = None  # called when the client goes away mid-exchange
+
+    def write_piece(self, body: bytes) -> bool:
+        """A body piece that is not the last, written at once when uvicorn's `send` would do
+        nothing else (the head is out, chunked, no flow-control wait, client still here): the
+        same bytes without a message dict and two coroutines per piece. False: use `send`."""
+        if (self.head or not body or not self.response_started or self.response_complete or self.disconnected
+                or self.chunked_encoding is not True or self.flow.write_paused):
+            return False
+        self.transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+        return True
 
     async def send(self, message: Any) -> None:
         if self.response_started and not self.head:  # the head is out: uvicorn's send as it is
@@ -86,3 +98,16 @@ class HeadWithBodyProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         cycle.__class__ = _HeadWithBodyCycle  # same attributes; only `send` and `run_asgi` differ
         super()._start_asgi_task(cycle, app)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected and cycle.on_disconnect is not None:  # type: ignore[attr-defined]
+            cycle.on_disconnect()  # type: ignore[attr-defined]
+
+
+def exchange_of(channel: Any) -> _HeadWithBodyCycle | None:
+    """The request cycle behind an ASGI `receive` or `send` that is its own bound method (none
+    behind a wrapper: then the ASGI messages are the only way)."""
+    cycle = getattr(channel, "__self__", None)
+    return cycle if type(cycle) is _HeadWithBodyCycle else None
