@@ -149,7 +149,7 @@ class Observed:
     def committed(self) -> None:
         """The attempt produced its first events: it serves the request, whatever follows."""
         assert self.resolved is not None
-        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "ok").inc()
+        self.arm.attempts_ok.inc()  # type: ignore[union-attr]
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome="ok"))
 
     def end(self, error: BaseException | None, *, first_token: bool = True) -> None:
