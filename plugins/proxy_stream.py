@@ -102,11 +102,13 @@ class UpstreamEvents:
             if piece is None:
                 return await self._end([])
             events: list[Event] = []
+            parser = self._parser
+            datas = parser.whole_data(piece)
+            if datas is None:
+                datas = [sse.data for sse in parser.feed(piece) if sse.event == "message" or sse.event == "error"]
             try:
-                for sse in self._parser.feed(piece):
-                    if sse.event != "message" and sse.event != "error":
-                        continue
-                    events += norm.feed_data(sse.data)
+                for data in datas:
+                    events += norm.feed_data(data)
                     if norm.done:
                         await self._backend._drain(self._response)  # type: ignore[arg-type]
                         return await self._end(events)
