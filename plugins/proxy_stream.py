@@ -71,6 +71,11 @@ class UpstreamEvents:
             await self._close(exc)
             raise
 
+    @property
+    def ended(self) -> bool:
+        """The last batch (with the usage) is out and no error waits: `next_batch()` returns None."""
+        return self._ended and self._pending is None
+
     async def _start(self) -> list[Event] | None:
         """Send the request; for an answer that is not SSE (one JSON object), all its events."""
         backend, spec = self._backend, self._spec
