@@ -135,7 +135,9 @@ class StreamedChatFront:
         messages.clear()  # the body is read: what follows (a disconnect) comes from the server
         receive = server_receive  # (so the disconnect watch sees the server's own request cycle)
         scope["app"] = scope["litestar_app"] = app
-        scope["state"] = {"request_id": request_id, "client_key": key}
+        # added to the request's state as Litestar's handlers add them, keeping what is cached
+        # there (the headers parsed above, which `request.headers` then reuses)
+        scope.setdefault("state", {}).update(request_id=request_id, client_key=key)
         scope["route_handler"] = handler = self._route_handler()
         scope["path_params"] = {}
         request: Request = Request(scope, receive, send)
