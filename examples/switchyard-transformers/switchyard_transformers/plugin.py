@@ -172,7 +172,7 @@ class TransformersBackend:
             job = self._submit(prompt, limit, spec, seed=None if s.seed is None else s.seed + index)
             try:
                 ids: list[int] = []
-                async for delta, ids, reason in self._decode(job, limit, s.stop):
+                async for delta, ids, reason in self._decode(job, limit, s.stop, s.ignore_eos):
                     if delta:
                         yield TextDelta(text=delta, index=index)
                     if reason is not None:
@@ -182,7 +182,8 @@ class TransformersBackend:
                 job.cancelled.set()  # the worker stops at its next token (or never starts)
         yield Usage(prompt_tokens=len(prompt), completion_tokens=completion_tokens)
 
-    async def _decode(self, job: _Job, limit: int, stops: tuple[str, ...]) -> AsyncIterator[tuple[str, list[int], Any]]:
+    async def _decode(self, job: _Job, limit: int, stops: tuple[str, ...],
+                      ignore_eos: bool) -> AsyncIterator[tuple[str, list[int], Any]]:
         """(new text, token ids so far, finish reason or None) as tokens come."""
         ids: list[int] = []
         sent = 0
@@ -203,7 +204,7 @@ class TransformersBackend:
                 yield text[sent:safe], ids, None
                 sent = safe
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        reason = "length" if len(ids) >= limit and ids[-1] not in self._eos else "stop"
+        reason = "length" if len(ids) >= limit and (ignore_eos or ids[-1] not in self._eos) else "stop"
         yield text[sent:], ids, reason
 
     def _submit(self, prompt: list[int], limit: int, spec: RequestSpec, seed: int | None) -> _Job:
@@ -216,7 +217,7 @@ class TransformersBackend:
     def _run(self, job: _Job, prompt: list[int], limit: int, spec: RequestSpec, seed: int | None) -> None:
         """On the worker thread: one generate() for one choice, unless it was cancelled while waiting."""
         import torch
-        from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+        from transformers import StoppingCriteria, StoppingCriteriaList
         from transformers.generation.streamers import BaseStreamer
 
         class Streamer(BaseStreamer):
@@ -239,23 +240,25 @@ class TransformersBackend:
                 return
             s = spec.sampling
             sample = s.temperature > 0
-            config = GenerationConfig(
-                # unset (None) fields fall back to the model's generation_config: ignore_eos holds the
-                # end-of-sequence tokens back for the whole answer instead of clearing eos_token_id
-                max_new_tokens=limit, min_new_tokens=limit if s.ignore_eos else (s.min_tokens or None),
+            # generation parameters as keywords, not a GenerationConfig: there a None falls back to
+            # the model's generation_config, which would put the end tokens back for ignore_eos
+            # (vLLM's meaning: the end token may be chosen, and generation goes on after it)
+            params = dict(
+                max_new_tokens=limit, min_new_tokens=s.min_tokens or None,
                 do_sample=sample,
                 temperature=s.temperature if sample else None, top_p=s.top_p if sample else None,
                 top_k=(s.top_k or 0) if sample else None, min_p=(s.min_p or None) if sample else None,
                 repetition_penalty=s.repetition_penalty,
                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                **({"eos_token_id": None} if s.ignore_eos else {}),
             )
             if seed is not None:
                 torch.manual_seed(seed)
             input_ids = torch.tensor([prompt])
             with torch.inference_mode():
                 self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                    generation_config=config, streamer=Streamer(),
-                                    stopping_criteria=StoppingCriteriaList([Cancelled()]))
+                                    streamer=Streamer(), stopping_criteria=StoppingCriteriaList([Cancelled()]),
+                                    **params)
         except Exception as exc:  # noqa: BLE001 - handed to the request, which raises UpstreamError
             job.push(exc)
         finally:
