@@ -8,6 +8,7 @@ OpenMP spin-wait finding in bench/README.md, issue 16).
 
     .venv/bin/python bench/engine_steps.py --dtype bfloat16              # compiled fast path
     .venv/bin/python bench/engine_steps.py --dtype bfloat16 --eager
+    .venv/bin/python bench/engine_steps.py --dtype float32 --compile     # float32, compiled
     .venv/bin/python bench/engine_steps.py --dtype float32 --busy 1      # one `while True` beside it
     GOMP_SPINCOUNT=300000 .venv/bin/python bench/engine_steps.py --busy 1   # libgomp's own default
 """
@@ -36,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--eager", action="store_true", help="no torch.compile (the bfloat16 path compiles by default)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile float32 too (eager by default)")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
@@ -46,7 +48,7 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
 
-    config = EngineConfig(dtype=args.dtype, compile=not args.eager and args.dtype == "bfloat16",
+    config = EngineConfig(dtype=args.dtype, compile=not args.eager and (args.compile or args.dtype == "bfloat16"),
                           num_threads=args.threads, max_num_seqs=args.streams,
                           max_num_batched_tokens=args.max_batched_tokens)
     engine = LLMEngine.from_model_dir(str(resolve_model(args.model)), config=config)
@@ -66,7 +68,7 @@ def main() -> None:
     finally:
         for hog in hogs:
             hog.terminate()
-    print(f"{args.dtype}{' eager' if args.eager else ''}: {args.streams} x ({args.prompt_tokens} + {args.output_tokens}) "
+    print(f"{args.dtype}{' compiled' if config.compile else ' eager'}: {args.streams} x ({args.prompt_tokens} + {args.output_tokens}) "
           f"tokens in {elapsed:.2f} s ({args.streams * args.output_tokens / elapsed:.1f} output tok/s), {steps} steps, "
           f"{engine.scheduler.max_num_batched_tokens} tokens a step, {args.busy} busy beside it, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}, cpu {os.cpu_count()}")
 

@@ -1,7 +1,9 @@
 """The default model served five ways, side by side in one run, one engine at a time:
 
-- builtin:  Switchyard's built-in engine, through a Switchyard server (HTTP, like a user);
-- builtin-bf16mm: the same with `matmul_dtype = "bfloat16"` (projections in bfloat16 on AMX,
+- builtin:  Switchyard's built-in engine, through a Switchyard server (HTTP, like a user): float32,
+            token-exact, its steps compiled (`compile = true`; `--builtin-eager`: eager); compiled,
+            started cold and warm as builtin-fast;
+- builtin-bf16mm: the same, eager, with `matmul_dtype = "bfloat16"` (projections in bfloat16 on AMX,
             the rest float32; vLLM's own CPU default is all-bfloat16);
 - builtin-fast: the fast path, `dtype = "bfloat16"` (bfloat16 throughout, the decode step
             compiled by torch.compile before /ready); started twice, with an empty inductor
@@ -200,7 +202,7 @@ dtype = "{dtype}"
 matmul_dtype = "{matmul_dtype}"
 num_threads = {args.threads}
 max_num_seqs = {max(max_streams, 1)}
-{"compile = true" if name == "builtin" and args.builtin_compile else ""}
+compile = {"true" if compiled(args, name) else "false"}
 kv_cache_tokens = {kv_tokens}
 max_model_len = {args.prefix_tokens + 64 if args.prefix_tokens + 64 > args.prompt_tokens + args.output_tokens
                  else args.prompt_tokens + args.output_tokens + 16}
@@ -214,17 +216,22 @@ max_model_len = {args.prefix_tokens + 64 if args.prefix_tokens + 64 > args.promp
 
     return Served(name, port, served, server.pid, switchyard_version(), server.stop, {"ignore_eos": True},
                   {"start_s": took, "kv_cache_tokens": kv_tokens, "dtype": dtype, "matmul_dtype": matmul_dtype,
-                   "compile": fast or (name == "builtin" and args.builtin_compile)})
+                   "compile": compiled(args, name)})
 
 
-def start_builtin_fast(args: argparse.Namespace, model_dir: Path, log_dir: Path, max_streams: int) -> Served:
-    """The fast arm, started with an empty compile cache, stopped, started again on it."""
-    cache = log_dir / "inductor-cache"
-    cold = start_builtin(args, model_dir, log_dir, max_streams, name="builtin-fast", inductor_cache=cache)
+def compiled(args: argparse.Namespace, name: str) -> bool:
+    return name == "builtin-fast" or (name == "builtin" and not args.builtin_eager)
+
+
+def start_builtin_cold_warm(args: argparse.Namespace, model_dir: Path, log_dir: Path, max_streams: int,
+                            name: str) -> Served:
+    """A compiled arm, started with an empty compile cache, stopped, started again on it."""
+    cache = log_dir / f"inductor-cache-{name}"
+    cold = start_builtin(args, model_dir, log_dir, max_streams, name=name, inductor_cache=cache)
     cold.stop()
-    warm = start_builtin(args, model_dir, log_dir, max_streams, name="builtin-fast", inductor_cache=cache)
+    warm = start_builtin(args, model_dir, log_dir, max_streams, name=name, inductor_cache=cache)
     warm.info.update(start_cold_s=cold.info["start_s"], start_warm_s=warm.info["start_s"])
-    print(f"builtin-fast start to /ready: compile cache cold {cold.info['start_s']:.1f} s, "
+    print(f"{name} start to /ready: compile cache cold {cold.info['start_s']:.1f} s, "
           f"warm {warm.info['start_s']:.1f} s", flush=True)
     return warm
 
@@ -410,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="compute threads, every engine")
     parser.add_argument("--builtin-dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--builtin-compile", action="store_true",
-                        help="the `builtin` arm with `compile = true` (its steps in the compiled step graph)")
+    parser.add_argument("--builtin-eager", action="store_true",
+                        help="the `builtin` arm with `compile = false` (default: its steps in the compiled step graph)")
     parser.add_argument("--hf-dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--vllm-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--vllm-eager", action="store_true", help="skip torch.compile (starts faster, decodes slower)")
@@ -430,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         args.streams = [1, 2]
         args.prompt_tokens, args.output_tokens, args.prefix_tokens, args.repeats = 16, 8, 64, 1
         args.hf_serial_requests, args.wait_quiet = 1, 0.0
+        args.builtin_eager = True  # builtin-fast runs the compiled arms' cold and warm starts
         if args.engines is None:
             engines = [e for e in engines if e != "vllm"]
             skipped["vllm"] = "smoke: vLLM starts in 40-90 s; name it with --engines to include it"
@@ -483,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 engine_vocab = vocab
             try:
-                if name == "builtin-fast":
-                    served = start_builtin_fast(args, model_dir, log_dir, max_streams)
+                if compiled(args, name):
+                    served = start_builtin_cold_warm(args, model_dir, log_dir, max_streams, name)
                 elif name.startswith("builtin"):
                     served = start_builtin(args, model_dir, log_dir, max_streams, name=name)
                 elif name == "vllm":

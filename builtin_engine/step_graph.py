@@ -41,6 +41,10 @@ MAX_SIZE = 1 << 16  # tokens (and sequences) of a step; far above any budget, in
 # the second OpenMP thread, which has slept since the last one (GOMP_SPINCOUNT is short, see
 # `cpu_threads`): at a decode step's few dozen rows that wake-up costs more than the loop.
 SERIAL_BELOW = 4096
+# Inductor's C++ wrapper calls the graph's kernels and opaque ops from C++, not from a Python
+# function, so with the C++ `packed_linear` (builtin_engine.packed_linear) no Python runs between a
+# step's kernels and the gaps between its parallel regions shrink. It doubles the first compile.
+OPTIONS = {"cpp.min_chunk_size": SERIAL_BELOW, "cpp_wrapper": True}
 
 
 class CompiledStep:
@@ -56,7 +60,7 @@ class CompiledStep:
         self.max_blocks = max_blocks
         self.block_size = block_size
         torch._inductor.config.emulate_precision_casts = True  # round where the eager code rounds
-        self._compiled = torch.compile(self._step, fullgraph=True, options={"cpp.min_chunk_size": SERIAL_BELOW})
+        self._compiled = torch.compile(self._step, fullgraph=True, options=OPTIONS)
         self.failed = False  # a call would have recompiled: eager from then on
 
     def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

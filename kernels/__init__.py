@@ -193,4 +193,5 @@ def sample(
     """logits: [B, V] float32 -> [B] int64 token ids. See kernels/sampling.py."""
     if _use_triton(logits):
         return sampling.sample_triton(logits, temperature, top_k, top_p, min_p, seeds, offsets)
-    return sampling.sample_reference(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    return sampling.sample_reference(logits, temperature, top_k, top_p, min_p, seeds, offsets,
+                                     cpu_argmax=_use_cpu_kernel(logits))

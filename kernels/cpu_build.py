@@ -1,11 +1,11 @@
-"""Build the hand-written CPU kernels (`kernels/csrc/cpu_kernels.cpp`) once per machine.
+"""Build the hand-written CPU kernels (`kernels/csrc/*.cpp`, one library) once per machine.
 
     python -m kernels.cpu_build           # what `make setup` runs; quick when already built
     python -m kernels.cpu_build --status
 
 The library is compiled with the system's C++ compiler against the installed torch, for this CPU
 (`-march=native`), into `$SWITCHYARD_CACHE` (default `~/.cache/switchyard`)`/kernels/`, in a
-directory keyed by the source, torch's version, the compiler and the CPU's model and flags: a
+directory keyed by the sources, torch's version, the compiler and the CPU's model and flags: a
 cache shared by different processors, or a torch upgrade, builds a new one. Without a compiler
 nothing is built and the engine uses the torch references (`kernels/cpu_ext.py` loads it).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
+SOURCES = sorted((Path(__file__).resolve().parent / "csrc").glob("*.cpp"))
 LIBRARY_NAME = "switchyard_cpu.so"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-DNDEBUG"]
 
@@ -51,7 +51,7 @@ def _cpu_identity() -> str:
 
 def build_dir(compiler: str | None = None) -> Path:
     compiler = compiler or _compiler() or "none"
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, compiler, " ".join(FLAGS),
+    key = hashlib.sha256("\n".join([*(s.read_text() for s in SOURCES), torch.__version__, compiler, " ".join(FLAGS),
                                     _cpu_identity(), sys.version]).encode()).hexdigest()[:16]
     return _cache_root() / "kernels" / f"cpu-torch{torch.__version__.replace('+', '-')}-{key}"
 
@@ -62,7 +62,7 @@ def _build_command(compiler: str, out: Path) -> list[str]:
     torch_lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
-    return [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, str(SOURCE), "-o", str(out),
+    return [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), "-o", str(out),
             f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
 
 
@@ -83,7 +83,8 @@ def build(*, quiet: bool = False) -> Path | None:
             command = _build_command(compiler, partial)
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"building {SOURCE.name} failed:\n{' '.join(command)}\n{done.stderr[-4000:]}")
+                names = " ".join(s.name for s in SOURCES)
+                raise RuntimeError(f"building {names} failed:\n{' '.join(command)}\n{done.stderr[-4000:]}")
             partial.rename(target)
     if not quiet:
         print(f"kernels.cpu_build: {target}")

@@ -5,7 +5,10 @@ when `kernels/cpu_build.py` has built them for this machine, else None (the disp
 
 The ops, `torch.ops.switchyard_cpu.*`, have the references' signatures (`paged_attention_decode`
 in decode_attention.py, `paged_attention_prefill` in prefill_attention.py, `reshape_and_cache` in
-kv_cache.py) and fake (meta) implementations, so torch.compile traces them as opaque calls.
+kv_cache.py; `packed_linear` that of `builtin_engine.packed_linear`'s Python op, over the matrices
+that module registers with `remember_packed`; `argmax_rows` torch.argmax's over a float32 matrix's
+rows, for the sampler) and fake (meta) implementations, so torch.compile traces them as opaque
+calls.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("switchyard_cpu::paged_attention_prefill")
     def _prefill_fake(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale):  # noqa: ANN001, ANN202
         return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("switchyard_cpu::packed_linear")
+    def _linear_fake(x, handle, out_features, bias):  # noqa: ANN001, ANN202
+        return x.new_empty((x.shape[0], out_features))
 
     @torch.library.register_fake("switchyard_cpu::reshape_and_cache")
     def _cache_fake(k, v, k_cache, v_cache, slot_mapping):  # noqa: ANN001, ANN202

@@ -29,18 +29,27 @@ def tiny_tokenizer(tiny_model_dir: Path):  # noqa: ANN201
 @pytest.fixture(scope="session")
 def make_engine(tiny_model_dir: Path, tiny_tokenizer) -> Callable[..., object]:  # noqa: ANN001
     """make_engine(model_dir=tiny, **EngineConfig fields) -> LLMEngine (not started), with a
-    detokenizer over the model's tokenizer."""
+    detokenizer over the model's tokenizer. An engine that compiles its steps starts from an empty
+    torch.compile state, as alone in a server's process: after another model's graph, dynamo would
+    make the sizes that differ dynamic, a graph the compile cache never holds (a cold compile,
+    ~40-80 s, at every run)."""
+    import torch
+
     from builtin_engine.config import EngineConfig
     from builtin_engine.detokenizer import IncrementalDetokenizer
+    from builtin_engine.device import resolve_placement
     from builtin_engine.engine import LLMEngine
     from builtin_engine.tokenizer import Tokenizer
 
     def make(model_dir: Path | None = None, **config: object) -> LLMEngine:
         model_dir = model_dir or tiny_model_dir
         tokenizer = tiny_tokenizer if model_dir == tiny_model_dir else Tokenizer.from_dir(model_dir)
+        engine_config = EngineConfig(**config)
+        if resolve_placement(engine_config.device, engine_config.dtype, engine_config.compile).compile:
+            torch._dynamo.reset()
         return LLMEngine.from_model_dir(
             model_dir,
-            config=EngineConfig(**config),
+            config=engine_config,
             eos_token_ids=tokenizer.eos_token_ids,
             detokenizer_factory=lambda prompt, skip: IncrementalDetokenizer(
                 tokenizer, skip_special_tokens=skip, prompt_ids=prompt),

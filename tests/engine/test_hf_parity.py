@@ -4,6 +4,9 @@ The engine batches: prompts arrive staggered while others decode, prefill runs i
 several prompts share a prefix; the reference runs `generate(do_sample=False)` one prompt at a
 time. The same again with a KV cache small enough to force preemption, and with a repeated
 prefix served from the prefix cache. On the tiny random model and on the real default model.
+The preempting batch and the default model's batch run compiled too (`compile = true`: every step
+through the step graph), one compiled engine each: a cold compile takes ~20 s (tiny) and ~50 s
+(default model), a warm cache (~/.cache/switchyard/compile) ~4 s and ~11 s.
 """
 
 from __future__ import annotations
@@ -13,10 +16,16 @@ from dataclasses import dataclass
 
 import pytest
 
+from builtin_engine.device import resolve_placement
 from builtin_engine.sampling_params import SamplingParams
 from tests.engine.conftest import HFReference, collect
 
 MAX_NEW = 12
+EAGER_AND_COMPILED = pytest.mark.parametrize("compile", [
+    pytest.param(False, id="eager"),
+    pytest.param(True, id="compiled", marks=pytest.mark.skipif(
+        not resolve_placement("cpu", "bfloat16").compile, reason="no C++ compiler: nothing compiles")),
+])
 
 
 @dataclass
@@ -56,6 +65,7 @@ def run_staggered(engine, prompts: list[list[int]], max_new: int) -> tuple[list,
 
 
 def check_parity(engine, hf: HFReference, prompts: list[list[int]], max_new: int = MAX_NEW) -> Run:  # noqa: ANN001
+    steps, graph_steps = engine.num_steps, engine.runner.num_graph_steps
     handles, run = run_staggered(engine, prompts, max_new)
     for prompt, handle in zip(prompts, handles):
         tokens, _, outs = collect(handle)
@@ -63,6 +73,8 @@ def check_parity(engine, hf: HFReference, prompts: list[list[int]], max_new: int
         assert outs[-1].num_prompt_tokens == len(prompt)
         run.outputs.append(outs[-1])
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks  # all freed
+    if engine.placement.compile:  # every step ran in the graph, none fell back to eager
+        assert engine.runner.num_graph_steps - graph_steps == engine.num_steps - steps > 0
     return run
 
 
@@ -76,12 +88,14 @@ def test_tiny_batched_chunked_matches_transformers(make_engine, hf_tiny) -> None
     assert run.saw_mixed_step and run.saw_chunked_prefill and run.num_preempted == 0
 
 
-def test_tiny_preemption_matches_transformers(make_engine, hf_tiny) -> None:  # noqa: ANN001
-    # 12 blocks of 8 = 96 tokens for 8 prompts of up to 103 tokens: constant preemption.
-    engine = make_engine(max_num_batched_tokens=24, block_size=8, kv_cache_tokens=112, max_model_len=112)
+@EAGER_AND_COMPILED
+def test_tiny_preemption_matches_transformers(make_engine, hf_tiny, compile: bool) -> None:  # noqa: ANN001
+    # 14 blocks of 8 = 112 tokens for 8 prompts of up to 103 tokens: constant preemption.
+    engine = make_engine(max_num_batched_tokens=24, block_size=8, kv_cache_tokens=112, max_model_len=112,
+                         compile=compile)
     prompts = make_prompts(engine.model_config.vocab_size, TINY_LENGTHS)
     run = check_parity(engine, hf_tiny, prompts)
-    assert run.num_preempted > 0
+    assert run.num_preempted > 0 and run.saw_mixed_step and run.saw_chunked_prefill
 
 
 def test_tiny_prefix_cache_hits_match_transformers(make_engine, hf_tiny) -> None:  # noqa: ANN001
@@ -129,9 +143,11 @@ def default_prompts(default_model_dir) -> list[list[int]]:  # noqa: ANN001
 
 
 @pytest.mark.slow
+@EAGER_AND_COMPILED
 def test_default_model_batched_chunked_matches_transformers(make_engine, default_model_dir, hf_default,
-                                                           default_prompts) -> None:  # noqa: ANN001
-    engine = make_engine(default_model_dir, max_num_batched_tokens=20, block_size=8, kv_cache_tokens=1024)
+                                                           default_prompts, compile: bool) -> None:  # noqa: ANN001
+    engine = make_engine(default_model_dir, max_num_batched_tokens=20, block_size=8, kv_cache_tokens=1024,
+                         compile=compile)
     run = check_parity(engine, hf_default, default_prompts, max_new=8)
     assert run.saw_mixed_step and run.saw_chunked_prefill
     # the prompts share the system prompt; the third arrives after the first's prefill began

@@ -1,13 +1,17 @@
 """float32 matrices packed for oneDNN (`builtin_engine.packed_linear`): a row's result does not
 depend on the rows beside it, it is the float32 product up to summation order, and the op a
-compiled graph calls gives the eager result. The token-level check is tests/engine/test_hf_parity.py."""
+compiled graph calls (the Python one, and the C++ one where the kernels are built) gives the eager
+result, until its matrix is freed. The token-level check is tests/engine/test_hf_parity.py."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 
 from builtin_engine import packed_linear
+from kernels import cpu_ext
 
 pytestmark = pytest.mark.skipif(not packed_linear.can_pack(torch.zeros(1, 1)),
                                 reason="float32 matrices are not packed on this CPU")
@@ -31,6 +35,26 @@ def test_the_compiled_graphs_op_gives_the_eager_result() -> None:
     matrix = packed_linear.pack(weight)
     out = torch.ops.switchyard.packed_linear(x, matrix.handle, matrix.out_features, None)
     assert out.dtype == torch.float32 and torch.equal(out, packed_linear.linear(x, matrix))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpp_op_gives_the_python_ops_result_until_the_matrix_goes(dtype: torch.dtype) -> None:
+    if cpu_ext.ops() is None:
+        pytest.skip("the C++ kernels are not built")
+    if dtype == torch.bfloat16 and not packed_linear.can_pack(torch.zeros(1, 1, dtype=dtype)):
+        pytest.skip("no oneDNN bfloat16 kernels on this CPU")
+    weight, bias, x = torch.randn(48, 32, dtype=dtype), torch.randn(48, dtype=dtype), torch.randn(5, 32, dtype=dtype)
+    matrix = packed_linear.pack(weight)
+    assert matrix.native
+    out = torch.ops.switchyard_cpu.packed_linear(x, matrix.handle, matrix.out_features, bias)
+    assert out.dtype == dtype and torch.equal(out, torch.ops.switchyard.packed_linear(x, matrix.handle, 48, bias))
+    handle = matrix.handle
+    del matrix
+    gc.collect()
+    with pytest.raises(RuntimeError, match="is gone"):
+        torch.ops.switchyard_cpu.packed_linear(x, handle, 48, None)
+    with pytest.raises(RuntimeError, match="is gone"):
+        torch.ops.switchyard.packed_linear(x, handle, 48, None)
 
 
 def test_the_float32_engine_packs_its_projections_and_lm_head(make_engine) -> None:  # noqa: ANN001

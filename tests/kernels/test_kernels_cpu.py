@@ -1,7 +1,7 @@
 """The hand-written CPU kernels (kernels/csrc/cpu_kernels.cpp) against the torch references:
 paged decode and prefill attention read in place on shuffled block tables, GQA, edge lengths,
 shared prefix blocks, both dtypes; the KV cache write; a token's attention is the same bit for
-bit decoded or prefilled."""
+bit decoded or prefilled; the sampler's row argmax gives torch.argmax's indices (ties, NaN, -inf)."""
 
 from __future__ import annotations
 
@@ -122,3 +122,15 @@ def test_traces_as_opaque_ops_under_torch_compile() -> None:
 
     compiled = torch.compile(step, backend="eager", fullgraph=True)
     assert_close(compiled(q, k_cache, v_cache), step(q, k_cache, v_cache), "attention")
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 33, 49152])
+def test_argmax_rows_gives_torchs_indices(vocab: int) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 3, (6, vocab), generator=g).float()  # many ties: the first index wins
+    logits[1, vocab // 2] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, -1] = logits[3, 0] = float("nan")
+    logits[4, -1] = float("inf")
+    for matrix in (logits, logits[:, : max(vocab - 1, 1)]):  # rows not a whole number of vectors apart
+        assert torch.equal(cpu_ext.require_ops().argmax_rows(matrix), matrix.argmax(dim=-1))
