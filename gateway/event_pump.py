@@ -62,6 +62,16 @@ class EventPump:
             self._done = True
             self._wake()
 
+    @property
+    def exhausted(self) -> bool:
+        """The stream ended without an error and its last batch is out: `next_batch()` would
+        return None at once. (A proxy's `UpstreamEvents` says so by its `ended`.)"""
+        if self._error is not None:
+            return False
+        if self._task is None:
+            return self._done or getattr(self._events, "ended", False)
+        return self._done and not self._buffer
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():

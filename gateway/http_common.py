@@ -18,6 +18,7 @@ from litestar.types import Receive, Scope, Send
 from gateway.accounting import RequestAccounting, open_accounting
 from gateway.auth import ClientKey
 from gateway.errors import from_decode_error
+from gateway.http_protocol import exchange_of
 from gateway.keys import TokenCost
 from gateway.service import Gateway, Resolved
 from gateway.serving import LastPiece, Served
@@ -130,21 +131,32 @@ _WATCH = "switchyard.disconnect_watch"
 
 
 class DisconnectWatch:
-    """One task per request waiting for the client's disconnect, from the wait for the first
-    event to the end of a stream's body (one task and one cancellation less than a watcher for
-    each). `guard(work)` cancels `work` when the client goes away; between two guards the
-    disconnect is only noted."""
+    """The client's disconnect watched from the wait for the first event to the end of a
+    stream's body. `guard(work)` cancels `work` when the client goes away; between two guards
+    the disconnect is only noted. Behind our own server protocol the request cycle calls it
+    back when the connection is lost; behind any other `receive` one task waits for the
+    `http.disconnect` message."""
 
-    __slots__ = ("gone", "_target", "_task")
+    __slots__ = ("gone", "_target", "_task", "_cycle")
 
     def __init__(self, receive: Receive) -> None:
         self.gone = False
         self._target: asyncio.Task[Any] | None = None
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._task: asyncio.Task[None] | None = None
+        self._cycle = cycle = exchange_of(receive)
+        if cycle is not None and cycle.on_disconnect is None:  # told by the server itself: no task
+            cycle.on_disconnect = self._left
+            self.gone = cycle.disconnected
+        else:
+            self._cycle = None
+            self._task = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._left()
+
+    def _left(self) -> None:
         self.gone = True
         if self._target is not None:
             self._target.cancel()
@@ -166,7 +178,10 @@ class DisconnectWatch:
             self._target = None
 
     def close(self) -> None:
-        task, self._task = self._task, None  # type: ignore[assignment]
+        cycle, self._cycle = self._cycle, None
+        if cycle is not None:
+            cycle.on_disconnect = None
+        task, self._task = self._task, None
         if task is not None:
             task.cancel()
 
@@ -185,12 +200,15 @@ async def send_sse(scope: Scope, receive: Receive, send: Send, start: Any, piece
 
 
 async def _send_pieces(pieces: AsyncIterator[bytes], send: Send) -> None:
+    cycle = exchange_of(send)
+    write = cycle.write_piece if cycle is not None else None
     async for piece in pieces:
         if type(piece) is LastPiece:
             await send({"type": "http.response.body", "body": piece, "more_body": False})
             await pieces.aclose()  # type: ignore[attr-defined]
             return
-        await send({"type": "http.response.body", "body": piece, "more_body": True})
+        if write is None or not write(piece):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

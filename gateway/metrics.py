@@ -72,12 +72,15 @@ class ArmFamilies:
 class ArmMetrics:
     """The label children of one (route, backend) pair, resolved once."""
 
-    __slots__ = ("families", "labels", "in_flight", "ttft", "itl", "e2e", "prompt", "completion", "cached", "_outcomes", "_errors")
+    __slots__ = ("families", "labels", "in_flight", "attempts_ok", "ttft", "itl", "e2e", "prompt", "completion", "cached",
+                 "_outcomes", "_errors")
 
-    def __init__(self, families: ArmFamilies, route: str, backend: str, in_flight: Gauge | None) -> None:
+    def __init__(self, families: ArmFamilies, route: str, backend: str, in_flight: Gauge | None,
+                 attempts: Counter | None = None) -> None:
         self.families = families
         self.labels = (route, backend)
         self.in_flight = None if in_flight is None else in_flight.labels(route, backend)
+        self.attempts_ok = None if attempts is None else attempts.labels(route, backend, "ok")
         self.ttft = families.ttft.labels(route, backend)
         self.itl = families.itl.labels(route, backend)
         self.e2e = families.e2e.labels(route, backend)
@@ -165,8 +168,11 @@ class Metrics:
         key = (route, backend, shadow)
         arm = self._arms.get(key)
         if arm is None:
-            families, gauge = (self.shadow, None) if shadow else (self.primary, self.in_flight)
-            arm = self._arms[key] = ArmMetrics(families, route, backend, gauge)
+            if shadow:
+                arm = ArmMetrics(self.shadow, route, backend, None)
+            else:
+                arm = ArmMetrics(self.primary, route, backend, self.in_flight, self.attempts)
+            self._arms[key] = arm
         return arm
 
     def render(self) -> bytes:

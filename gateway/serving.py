@@ -149,7 +149,7 @@ class Observed:
     def committed(self) -> None:
         """The attempt produced its first events: it serves the request, whatever follows."""
         assert self.resolved is not None
-        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "ok").inc()
+        self.arm.attempts_ok.inc()  # type: ignore[union-attr]
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome="ok"))
 
     def end(self, error: BaseException | None, *, first_token: bool = True) -> None:
@@ -272,10 +272,13 @@ class LastPiece(bytes):
 async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[bytes]:
     """The streamed body of an opened request through `writer`; the backend is closed and the
     request recorded exactly once, however the stream ends (completed, failed, client gone).
-    A stream that ends by itself is recorded before its end goes out, as a `LastPiece`."""
+    A stream that ends by itself is recorded before its end goes out, as a `LastPiece`, which
+    also carries the bytes of the stream's last batch when the pump knew it was the last (one
+    client write less)."""
     observed, pump = opened.observed, opened.pump
     usage: Usage | None = None
     error: BaseException | None = None
+    held = b""  # the last batch's bytes, sent with the end
     try:
         out = writer.start(opened.first)
         batch: list[Event] | None = opened.first
@@ -291,17 +294,20 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
             if observed.accounting is not None:
                 observed.accounting.on_events(batch)
             out += writer.feed(batch)
+            if pump.exhausted:
+                held = out
+                break
             if out:
                 yield out
             out = b""
             batch = await pump.next_batch()
         observed.usage = check_usage(usage, opened.backend)
-        last = await writer.finish(observed.usage)
+        last = held + await writer.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
         payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        last = await writer.error(exc, payload)
+        last = held + await writer.error(exc, payload)
     except BaseException as exc:
         error = exc
         raise

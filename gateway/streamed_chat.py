@@ -118,7 +118,7 @@ class StreamedChatFront:
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        receive = _Replay(messages, receive)
+        server_receive, receive = receive, _Replay(messages, receive)
         raw = b"".join(parts)
         spec = None
         if messages[-1]["type"] == "http.request" and b'"stream"' in raw:
@@ -133,8 +133,11 @@ class StreamedChatFront:
             await app(scope, receive, send)
             return
         messages.clear()  # the body is read: what follows (a disconnect) comes from the server
+        receive = server_receive  # (so the disconnect watch sees the server's own request cycle)
         scope["app"] = scope["litestar_app"] = app
-        scope["state"] = {"request_id": request_id, "client_key": key}
+        # added to the request's state as Litestar's handlers add them, keeping what is cached
+        # there (the headers parsed above, which `request.headers` then reuses)
+        scope.setdefault("state", {}).update(request_id=request_id, client_key=key)
         scope["route_handler"] = handler = self._route_handler()
         scope["path_params"] = {}
         request: Request = Request(scope, receive, send)

@@ -71,6 +71,11 @@ class UpstreamEvents:
             await self._close(exc)
             raise
 
+    @property
+    def ended(self) -> bool:
+        """The last batch (with the usage) is out and no error waits: `next_batch()` returns None."""
+        return self._ended and self._pending is None
+
     async def _start(self) -> list[Event] | None:
         """Send the request; for an answer that is not SSE (one JSON object), all its events."""
         backend, spec = self._backend, self._spec
@@ -102,11 +107,13 @@ class UpstreamEvents:
             if piece is None:
                 return await self._end([])
             events: list[Event] = []
+            parser = self._parser
+            datas = parser.whole_data(piece)
+            if datas is None:
+                datas = [sse.data for sse in parser.feed(piece) if sse.event == "message" or sse.event == "error"]
             try:
-                for sse in self._parser.feed(piece):
-                    if sse.event != "message" and sse.event != "error":
-                        continue
-                    events += norm.feed_data(sse.data)
+                for data in datas:
+                    events += norm.feed_data(data)
                     if norm.done:
                         await self._backend._drain(self._response)  # type: ignore[arg-type]
                         return await self._end(events)

@@ -54,13 +54,10 @@ class SSEParser:
         """Add bytes; return the events completed by them (possibly none)."""
         if not piece:
             return []
-        if not self._buf and not self._pending_cr and not self._has_data and not self._event:
-            if self._first_line and piece[0] != 0xEF:  # no BOM (nor the start of one) to strip
-                self._first_line = False
-            if not self._first_line:
-                events = self._whole_data_events(piece)
-                if events is not None:
-                    return events
+        payloads = self.whole_data(piece)
+        if payloads is not None:
+            last_id = self._last_id
+            return [SSEEvent(data.decode("utf-8", errors="replace"), "message", last_id) for data in payloads]
         if self._pending_cr:
             self._pending_cr = False
             if piece[:1] == b"\n":
@@ -93,19 +90,24 @@ class SSEParser:
             del buf[:start]
         return events
 
-    def _whole_data_events(self, piece: bytes) -> list[SSEEvent] | None:
-        """The common case read without the line machinery: a piece that is nothing but whole
-        `data: ...` events of one line each (LF line ends), as every engine sends. None when
-        the piece is anything else (the caller parses it line by line)."""
+    def whole_data(self, piece: bytes) -> list[bytes] | None:
+        """The common case read without the line machinery: when `piece` (not empty) is nothing
+        but whole `data: ...` events of one line each (LF line ends), as every engine sends, and
+        nothing is pending from earlier pieces, their data, not decoded yet (`feed` would return
+        them as "message" events). None when the piece is anything else: then `feed` it."""
+        if not piece or self._buf or self._pending_cr or self._has_data or self._event:
+            return None
+        if self._first_line:
+            if piece[0] == 0xEF:  # a BOM (or the start of one) to strip: the line machinery does it
+                return None
+            self._first_line = False
         if b"\r" in piece or not piece.endswith(b"\n\n"):
             return None
         parts = piece[:-2].split(b"\n\n")
-        events = []
         for part in parts:
             if not part.startswith(b"data: ") or b"\n" in part:
                 return None
-            events.append(SSEEvent(part[6:].decode("utf-8", errors="replace"), "message", self._last_id))
-        return events
+        return [part[6:] for part in parts]
 
     def close(self) -> list[SSEEvent]:
         """End of stream. A final line without its terminator is still a line, but an event

@@ -222,13 +222,16 @@ class StreamNormalizer:
         self.content_calls = content_calls
         self.content_parsers: dict[int, Any] = {}
 
-    def feed_data(self, data: str) -> list[Event]:
-        if data == "[DONE]":
+    def feed_data(self, data: str | bytes) -> list[Event]:
+        """One SSE event's data: text, or its raw UTF-8 bytes (`SSEParser.whole_data`)."""
+        if (data == b"[DONE]") if type(data) is bytes else (data == "[DONE]"):
             self.done = True
             return []
         try:
             obj = _json_decode(data)
         except msgspec.DecodeError:
+            if type(data) is bytes:  # as text (bad UTF-8 replaced, as SSE reads it), or its error
+                return self.feed_data(data.decode("utf-8", errors="replace"))
             raise UpstreamError(f"Backend `{self.backend}` sent an event that is not JSON: {data[:200]!r}",
                                 kind="bad_gateway") from None
         if not isinstance(obj, dict):

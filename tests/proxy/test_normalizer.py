@@ -224,3 +224,43 @@ def test_status_kinds(status: int, body: bytes, kind: str, http: int) -> None:
 def test_message_is_kept() -> None:
     error = map_upstream_error(500, {"error": {"message": "engine died", "type": "x"}}, backend="b")
     assert error.message == "engine died"
+
+
+@pytest.mark.parametrize("rec", STREAMS, ids=lambda r: r.id)
+def test_raw_data_bytes_normalize_as_their_text(rec: Recording) -> None:
+    """The proxy's fast path (`SSEParser.whole_data`, the event data as UTF-8 bytes) gives the
+    events (or the error) the text path gives, for every recorded stream as its pieces arrived."""
+
+    def run(raw: bool) -> tuple[list, str | None]:
+        norm = StreamNormalizer(kind=rec.kind, n=_n(rec), backend="b", spec=_spec(rec))
+        parser = SSEParser()
+        events: list = []
+        try:
+            for piece in rec.chunks:
+                datas = parser.whole_data(piece) if raw else None
+                if datas is None:
+                    datas = [sse.data for sse in parser.feed(piece)]
+                for data in datas:
+                    events += norm.feed_data(data)
+        except SwitchyardError as exc:
+            return events, f"{type(exc).__name__}: {exc.message}"
+        return events, None
+
+    assert run(raw=True) == run(raw=False)
+
+
+def test_raw_data_bytes_errors_read_as_their_text() -> None:
+    """Bad UTF-8 is replaced as the SSE rules say (then decoded), and bytes that are not JSON
+    fail with the same message as their text."""
+    parser = SSEParser()
+    datas = parser.whole_data(b'data: {"choices":[{"index":0,"delta":{"content":"a\xffb"}}]}\n\n')
+    assert datas == [b'{"choices":[{"index":0,"delta":{"content":"a\xffb"}}]}']
+    norm = StreamNormalizer(kind="chat", n=1, backend="b")
+    assert norm.feed_data(datas[0]) == [TextDelta(text="a\ufffdb", index=0)]
+    messages = []
+    for data in (b"not json \xff", "not json \ufffd"):
+        with pytest.raises(UpstreamError) as info:
+            StreamNormalizer(kind="chat", n=1, backend="b").feed_data(data)
+        messages.append(info.value.message)
+    assert messages[0] == messages[1]
+    assert parser.whole_data(b"data: x\r\n\r\n") is None and parser.whole_data(b"event: e\ndata: x\n\n") is None

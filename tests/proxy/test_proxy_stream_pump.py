@@ -85,3 +85,31 @@ def test_a_cancelled_reader_stays_cancelled_and_hangs_up() -> None:
             await backend.close()
 
     run(main())
+
+
+def test_the_pump_knows_its_last_batch() -> None:
+    """`exhausted` turns true with the batch that carries the usage (so that batch can go out
+    with the end of the response), for a proxied stream and for a backend read by a task."""
+    rec = by_event(find("vllm", "05_chat_stream_include_usage"))
+
+    async def engine() -> object:
+        yield TextDelta(text="a", index=0)
+        yield Usage(prompt_tokens=1, completion_tokens=1)
+
+    async def seen(pump: EventPump) -> list[tuple[bool, bool]]:
+        marks = []  # (the batch has the usage, the pump says it was the last)
+        while (batch := await pump.next_batch()) is not None:
+            marks.append((isinstance(batch[-1], Usage), pump.exhausted))
+        await pump.close()
+        return marks
+
+    async def main() -> tuple[list[tuple[bool, bool]], list[tuple[bool, bool]]]:
+        async with ReplayServer(handler=replay(rec)) as server:
+            backend = vllm(server.url)
+            proxied = await seen(EventPump(backend.generate(spec())))
+            await backend.close()
+        return proxied, await seen(EventPump(engine()))
+
+    for marks in run(main()):
+        assert marks[-1] == (True, True)
+        assert all(not exhausted for _, exhausted in marks[:-1])
