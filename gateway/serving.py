@@ -121,6 +121,9 @@ class Observed:
 
     async def close_pump(self, pump: EventPump) -> None:
         self.gateway.untrack(pump)
+        if pump.exhausted:  # ran to its end: nothing is left to abort, closing it does not wait
+            await pump.close()
+            return
         with anyio.CancelScope(shield=True):
             await pump.close()
 
