@@ -35,7 +35,7 @@ from gateway.telemetry import Telemetry, build_telemetry
 from plugins import routing
 from plugins.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
 from plugins.health import HealthMonitor
-from plugins.manager import backend_types, build_plugin_manager
+from plugins.manager import backend_types, build_plugin_manager, call_first
 from plugins.protocol import Backend, ModelInfo, RequestSpec, Usage
 from plugins.registry import Route, Target
 
@@ -248,8 +248,8 @@ class Gateway:
             raise UpstreamError(
                 f"No backend of `{route.name}` is available: every circuit breaker is open.", kind="unavailable", code="no_healthy_backend"
             )
-        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=candidates, in_flight=self._in_flight_view,
-                                               load=self._load_view)
+        target = call_first(self.pm.hook.switchyard_route, spec=spec, route=route, candidates=candidates,
+                            in_flight=self._in_flight_view, load=self._load_view)
         if target is None:
             raise UpstreamError(f"No routing plugin picked a backend for model `{spec.model}`.", kind="unavailable")
         return Resolved(route=route, target=target, backend=self.backends[target.backend])
