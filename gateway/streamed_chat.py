@@ -166,9 +166,9 @@ class StreamedChatFront:
             self._app_headers = normalize_headers(self._route_handler().resolve_response_headers())
         if self._app_headers:
             headers = {**self._app_headers, **headers}
-        return {"type": "http.response.start", "status": 200,
-                "headers": [*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-                            SSE_CONTENT_TYPE]}
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        raw.append(SSE_CONTENT_TYPE)
+        return {"type": "http.response.start", "status": 200, "headers": raw}
 
     def _route_handler(self) -> HTTPRouteHandler:
         if self._handler is None:
