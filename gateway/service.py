@@ -24,7 +24,7 @@ from gateway.config import Config, resolve_backend_options
 from gateway.event_pump import EventPump
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
-from gateway.metrics import ArmMetrics, Metrics, observe_all
+from gateway.metrics import ArmMetrics, Metrics, observe, observe_all
 from gateway.outcomes import error_label, outcome_of, retry_kind
 from gateway.replica_metrics import WORKER_MODES, BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
@@ -287,9 +287,9 @@ class Gateway:
         outcome = outcome_of(error)
         arm.finished(outcome)
         timings = timer.as_dict()
-        arm.e2e.observe(timings["e2e"])
+        observe(arm.e2e, timings["e2e"])
         if timings["ttft"] is not None:
-            arm.ttft.observe(timings["ttft"])
+            observe(arm.ttft, timings["ttft"])
         observe_all(arm.itl, timings["itl"])
         if usage is not None:
             arm.prompt.inc(usage.prompt_tokens)
