@@ -33,7 +33,12 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def response_headers(request: Request, backend: str | None = None) -> dict[str, str]:
-    headers = {"x-request-id": request.state.request_id}
+    return id_headers(request.state.request_id, backend)
+
+
+def id_headers(request_id: str, backend: str | None = None) -> dict[str, str]:
+    """The response headers that name the request and the backend that served it."""
+    headers = {"x-request-id": request_id}
     if backend is not None:
         headers["x-switchyard-backend"] = backend
     return headers
@@ -128,7 +133,7 @@ async def serve_client(client: ClientRequest, gateway: Gateway, spec: RequestSpe
     served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
     if served is None:
         return spec, None, {}
-    headers = {"x-request-id": client.request_id, "x-switchyard-backend": served.backend, **limit_headers}
+    headers = {**id_headers(client.request_id, served.backend), **limit_headers}
     if spec.stream:
         headers.update(SSE_HEADERS)
     return spec, served, headers
