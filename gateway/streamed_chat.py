@@ -25,7 +25,7 @@ import msgspec
 from litestar import Litestar, Request, Response
 from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.http_handlers._utils import normalize_headers
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Send
 
 from gateway import schemas as S
 from gateway.auth import ClientKey, authorization_of
@@ -87,14 +87,13 @@ class StreamedChatFront:
         """The Litestar app's state (where the drain on SIGTERM finds the gateway)."""
         return self.app.state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)  # type: ignore[arg-type]
-            return
-        await self._chat(scope, receive, send)
-
-    async def _chat(self, scope: Any, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        # one coroutine, no second level for the chat route: each wake-up of a stream's task
+        # (every upstream read) resumes through every level of its awaits
         app = self.app
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            await app(scope, receive, send)  # type: ignore[arg-type]
+            return
         gateway: Gateway | None = getattr(app.state, "gateway", None)
         headers = _headers(scope["headers"])
         length = headers.get("content-length", "")
