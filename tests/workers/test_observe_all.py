@@ -21,11 +21,14 @@ def _values() -> list[float]:
     return [rng.choice([*LATENCY_BUCKETS, 0.0, 500.0]) if rng.random() < 0.3 else rng.random() * 3 for _ in range(2000)]
 
 
+def _histogram() -> tuple[CollectorRegistry, Histogram]:
+    registry = CollectorRegistry()
+    return registry, Histogram("h", "h", ["arm"], registry=registry, buckets=LATENCY_BUCKETS).labels("a")
+
+
 def test_observe_all_equals_one_observe_per_value() -> None:
     values = _values()
-    one, batched = CollectorRegistry(), CollectorRegistry()
-    h_one = Histogram("h", "h", ["arm"], registry=one, buckets=LATENCY_BUCKETS).labels("a")
-    h_batched = Histogram("h", "h", ["arm"], registry=batched, buckets=LATENCY_BUCKETS).labels("a")
+    (one, h_one), (batched, h_batched) = _histogram(), _histogram()
     for value in values:
         h_one.observe(value)
     for start in range(0, len(values), 16):  # per request
@@ -38,11 +41,8 @@ def test_observe_all_equals_one_observe_per_value() -> None:
 
 
 def test_observe_equals_prometheus_observe() -> None:
-    values = _values()
-    one, ours = CollectorRegistry(), CollectorRegistry()
-    h_one = Histogram("h", "h", ["arm"], registry=one, buckets=LATENCY_BUCKETS).labels("a")
-    h_ours = Histogram("h", "h", ["arm"], registry=ours, buckets=LATENCY_BUCKETS).labels("a")
-    for value in values:
+    (one, h_one), (ours, h_ours) = _histogram(), _histogram()
+    for value in _values():
         h_one.observe(value)
         observe(h_ours, value)
     assert samples(ours) == samples(one)
