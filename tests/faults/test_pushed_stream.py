@@ -178,3 +178,20 @@ def test_a_deadline_ends_a_pushed_stream(upstream: FaultyUpstream, pushed: list[
     assert data[-1] == "[DONE]" and data[-2]["error"]["type"] == "timeout_error", data[-2:]
     assert any("content" in c["choices"][0]["delta"] for c in data[:-2] if "choices" in c and c["choices"])
     assert wait_until(lambda: (upstream.request(request_id) or {}).get("outcome") == "client_closed", timeout=3)
+
+
+def test_the_drain_ends_a_pushed_stream(gw: GatewayThread, upstream: FaultyUpstream, pushed: list[bytes]) -> None:
+    """The end of a drain period (`cut_in_flight`) mid-stream: an error event and `[DONE]`
+    after the events already sent, and the upstream hung up on."""
+    request_id = uuid.uuid4().hex
+    body = {**chat("m-vllm", "fault:slow", max_tokens=1000), "stream": True}
+    with httpx.Client(base_url=gw.base, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body, headers={"x-request-id": request_id}) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: ") and len(pushed) >= 3:
+                    break
+            gw.call(gw.gateway.cut_in_flight)
+            data = data_of("".join(f"{line}\n" for line in lines).encode())
+    assert data[-1] == "[DONE]" and "shut down" in data[-2]["error"]["message"], data[-2:]
+    assert wait_until(lambda: (upstream.request(request_id) or {}).get("outcome") == "client_closed", timeout=3)
