@@ -230,13 +230,15 @@ class BodyPieces:
     backend's `UpstreamError` (no first piece in time, a stall mid-body, or the connection's
     failure)."""
 
-    __slots__ = ("_backend", "_response", "_when", "_first")
+    __slots__ = ("_backend", "_response", "_when", "_first", "_clock", "_idle_s")
 
     def __init__(self, backend: ProxyBackend, response: http1.Response, deadline: float) -> None:
         self._backend = backend
         self._response = response
         self._when = deadline  # loop time by which the next piece must arrive
         self._first = True
+        self._clock = asyncio.get_running_loop().time
+        self._idle_s = backend.options.timeouts.idle_s
 
     async def next(self, on_piece: Callable[[bytes], bool] | None = None) -> bytes | None:
         """The bytes that arrived since the last call; None at the end of the body. `on_piece`:
@@ -247,14 +249,14 @@ class BodyPieces:
         except (TimeoutError, http1.HTTPError) as exc:
             raise self._error(exc) from None
         if piece:
-            self._first = False
-            self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
+            self.arrived()
         return piece
 
     def arrived(self) -> None:
-        """A piece was pushed to `on_piece`: the next one is due within the idle timeout."""
+        """A piece arrived: the next one is due within the idle timeout (also for the wait in
+        progress, when it was pushed)."""
         self._first = False
-        self._when = asyncio.get_running_loop().time() + self._backend.options.timeouts.idle_s
+        self._when = self._clock() + self._idle_s
         self._response.move_deadline(self._when)
 
     def _error(self, exc: TimeoutError | http1.HTTPError) -> UpstreamError:
