@@ -1,34 +1,21 @@
-"""The decode step as a prepared graph: torch.compile'd on the CPU, captured in CUDA graphs on CUDA.
+"""The decode step captured in CUDA graphs (`CudaGraphDecode`).
 
 A step whose chunks are all one-token decodes runs `LlamaModel.decode_logits` through one of
 these instead of the eager layer loop (prefill and mixed steps stay eager, where aborts apply
-between layers). On a CPU with the C++ kernels built, `builtin_engine.step_graph` serves every
-step instead (prefill too) and this module's CPU graph is not used. The step's inputs are written
-into persistent host buffers whose block-table width is fixed (the longest sequence's blocks),
-and the batch is padded: rows past the real ones decode one token in the KV cache's pad block,
-which no sequence owns.
-
-- `CompiledDecode` (CPU): one torch.compile'd graph (inductor's C++ code generation) for every
-  batch of 2 to `max_batch` rows (the batch dimension is dynamic; a lone row is padded to 2).
-  Projections are opaque calls on the oneDNN-packed matrices (`builtin_engine.packed_linear`)
-  and attention and the KV write the C++ kernels, so inductor fuses what lies between: norms,
-  residual adds, rotary, SiLU. It is compiled and run before the engine is ready (`warm_up`), its
-  code cached on disk (`builtin_engine.compile_cache`), and never recompiled while serving: a
-  step the graph does not fit runs eagerly.
-- `CudaGraphDecode` (CUDA): one CUDA graph per batch size of `sizes`, sharing a memory pool; a
-  step pads to the next captured size and replays it.
+between layers): one CUDA graph per batch size of `sizes`, sharing a memory pool; a step pads to
+the next captured size and replays it. The step's inputs are written into persistent pinned host
+buffers whose block-table width is fixed (the longest sequence's blocks), and the batch is
+padded: rows past the real ones decode one token in the KV cache's pad block, which no sequence
+owns. (On the CPU, `builtin_engine.step_graph` compiles every step instead.)
 """
-
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-import torch._inductor.config
 
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.scheduler import ScheduledChunk
-from builtin_engine.step_graph import run_compiled
 
 
 def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -75,55 +62,6 @@ class DecodeInputs:
     def tensors(self, rows: int) -> tuple[torch.Tensor, ...]:
         return (self.input_ids[:rows], self.positions[:rows], self.slot_mapping[:rows], self.block_tables[:rows],
                 self.seq_lens[:rows])
-
-
-class CompiledDecode:
-    """The CPU decode step compiled by torch.compile (see the module's docstring)."""
-
-    min_batch = 2  # a dynamic dimension starts at 2 (torch specializes sizes 0 and 1)
-
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, *, max_batch: int, max_blocks: int,
-                 block_size: int) -> None:
-        self.model = model
-        self.kv_cache = kv_cache
-        self.max_batch = max(max_batch, self.min_batch)
-        self.inputs = DecodeInputs(max_batch=self.max_batch, max_blocks=max_blocks, block_size=block_size,
-                                   pad_block=kv_cache.pad_block, pin=False)
-        # keep every rounding to bfloat16 the eager code does (inductor would otherwise skip
-        # a round trip through bfloat16 inside a fused kernel): compiled and eager steps agree
-        torch._inductor.config.emulate_precision_casts = True
-        self._compiled = torch.compile(self._step, fullgraph=True)
-        self.failed = False  # a call would have recompiled: eager from then on
-
-    def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-              block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        return self.model.decode_logits(input_ids, positions, slot_mapping, block_tables, seq_lens, self.kv_cache)
-
-    def warm_up(self) -> None:
-        """Compile (or load from the cache) and run at the smallest and largest batch."""
-        import kernels
-
-        kernels.resolve_backend()  # the trace must see the kernel choice the engine will use
-        for rows in sorted({self.min_batch, self.max_batch}):
-            self.inputs.fill([], rows)
-            tensors = self.inputs.tensors(rows)
-            if rows == self.min_batch:
-                for tensor in tensors:
-                    torch._dynamo.mark_dynamic(tensor, 0, min=self.min_batch, max=self.max_batch)
-            with torch.inference_mode():
-                self._compiled(*tensors)
-
-    def run(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor | None:
-        """Logits [len(chunks), V] float32, or None when the step must run eagerly."""
-        if self.failed or len(chunks) > self.max_batch:
-            return None
-        rows = max(len(chunks), self.min_batch)
-        self.inputs.fill(chunks, rows)
-        logits = run_compiled(self._compiled, self.inputs.tensors(rows), "decode step")
-        if logits is None:
-            self.failed = True
-            return None
-        return logits[: len(chunks)]
 
 
 class CudaGraphDecode:
@@ -175,9 +113,10 @@ class CudaGraphDecode:
 
 
 def make_decode_graph(model: LlamaModel, kv_cache: KVCache, *, max_num_seqs: int, max_model_len: int,
-                      block_size: int, cuda_graph_sizes: Sequence[int] | None) -> CompiledDecode | CudaGraphDecode:
-    max_blocks = -(-max_model_len // block_size)
-    if model.device.type == "cuda":
-        sizes = cuda_graph_sizes or default_cuda_graph_sizes(max_num_seqs)
-        return CudaGraphDecode(model, kv_cache, sizes=sizes, max_blocks=max_blocks, block_size=block_size)
-    return CompiledDecode(model, kv_cache, max_batch=max_num_seqs, max_blocks=max_blocks, block_size=block_size)
+                      block_size: int, cuda_graph_sizes: Sequence[int] | None) -> CudaGraphDecode | None:
+    """The captured decode step on CUDA; None elsewhere."""
+    if model.device.type != "cuda":
+        return None
+    sizes = cuda_graph_sizes or default_cuda_graph_sizes(max_num_seqs)
+    return CudaGraphDecode(model, kv_cache, sizes=sizes, max_blocks=-(-max_model_len // block_size),
+                           block_size=block_size)

@@ -94,6 +94,11 @@ def _compile_needs(device: torch.device) -> str | None:
         return None if has_triton() else "triton (the CUDA graphs capture the Triton kernels)"
     if not (os.environ.get("CXX") or any(shutil.which(name) for name in ("g++", "c++", "clang++"))):
         return "a C++ compiler (torch.compile's inductor generates C++), and none was found"
+    import kernels
+
+    if not kernels.has_cpu_kernels():  # the reference attention reads lengths back: it cannot be in a graph
+        return ("the C++ CPU kernels (the compiled step calls them; `python -m kernels.cpu_build` builds them, "
+                "and SWITCHYARD_KERNELS=torch or SWITCHYARD_CPU_KERNELS=0 turn them off)")
     return None
 
 

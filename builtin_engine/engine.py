@@ -102,8 +102,8 @@ class LLMEngine:
         kv_cache = KVCache.allocate(model.config, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                     dtype=model.dtype, device=model.device)
         sampler = Sampler(eos_token_ids=self.eos_token_ids, logprobs_mode=config.logprobs_mode)
-        # on the CPU one compiled graph serves every step (see builtin_engine.step_graph); the
-        # decode graph serves all-decode steps where that one does not apply
+        # on the CPU one compiled graph serves every step (builtin_engine.step_graph); on CUDA the
+        # all-decode steps replay CUDA graphs (builtin_engine.decode_graph)
         step_graph = make_step_graph(model, kv_cache, config, self.max_model_len) if self.placement.compile else None
         decode_graph = None
         if self.placement.compile and step_graph is None:

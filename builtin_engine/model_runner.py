@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from builtin_engine.attention_metadata import AttentionMetadata
-from builtin_engine.decode_graph import CompiledDecode, CudaGraphDecode
+from builtin_engine.decode_graph import CudaGraphDecode
 from builtin_engine.llama import KVCache, LlamaModel
 from builtin_engine.sampler import Sampler, SamplerOutput, prepare_sampling_metadata
 from builtin_engine.scheduler import ScheduledChunk
 from builtin_engine.sequence import Sequence
 from builtin_engine.step_graph import CompiledStep
 
-DecodeGraph = CompiledDecode | CudaGraphDecode
 PollAborted = Callable[[], Collection[str]]  # -> ids of requests aborted (and freed) since the last call
 
 
@@ -38,7 +37,7 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, *, kv_cache: KVCache, block_size: int, sampler: Sampler,
-                 decode_graph: DecodeGraph | None = None, step_graph: CompiledStep | None = None) -> None:
+                 decode_graph: CudaGraphDecode | None = None, step_graph: CompiledStep | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size

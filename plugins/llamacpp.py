@@ -44,7 +44,8 @@ from plugins import hookimpl
 from plugins.errors import InvalidRequest
 from plugins.protocol import RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.protocol import Rendered
-from plugins.proxy import ProxyBackend, ProxyOptions
+from plugins.proxy import ProxyBackend
+from plugins.proxy_options import ProxyOptions
 from plugins.registry import BackendType
 
 DEFAULT_ALIAS = "smollm2-135m-instruct"

@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from plugins import hookimpl
 from plugins.protocol import Capabilities, RequestSpec
-from plugins.proxy import ProxyBackend, ProxyOptions, check_extensions
+from plugins.proxy import ProxyBackend
+from plugins.proxy_options import ProxyOptions, check_extensions
 from plugins.registry import BackendType
 
 

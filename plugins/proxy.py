@@ -34,24 +34,15 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import msgspec
-from msgspec import Meta
 
 from plugins import http1
 from plugins.errors import ConfigError, InvalidRequest, SwitchyardError, UpstreamError
 from plugins.fleet.fleet import Fleet
-from plugins.fleet.options import (
-    BalanceName,
-    DiscoveryOptions,
-    LoadSignalOptions,
-    PrefixCacheOptions,
-    ReplicaBreakerOptions,
-)
 from plugins.fleet.replica import Replica, ReplicaStats
 from plugins.protocol import (
-    EXTENSIONS,
     Capabilities,
     EmbedRequest,
     EmbedResult,
@@ -63,6 +54,7 @@ from plugins.protocol import (
     TokenizeResult,
 )
 from plugins.proxy_embeddings import embed_upstream
+from plugins.proxy_options import ProxyOptions
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.proxy_stream import BodyPieces, UpstreamEvents
 from plugins.upstream_events import error_from_body
@@ -74,77 +66,6 @@ TRACE_HEADERS = ("traceparent", "tracestate")  # sent on to the upstream when sp
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
-
-
-# ------------------------------------------------------------------------------------ options
-
-
-class TimeoutOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Seconds. `first_byte_s` runs from sending the request to the first body bytes (covers
-    queueing and prefill); `idle_s` is the longest silence allowed between two body pieces."""
-
-    connect_s: float = 5.0
-    first_byte_s: float = 120.0
-    idle_s: float = 60.0
-    health_s: float = 2.0  # one /health probe
-
-
-class PoolOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    max_connections: int = 256  # requests in flight to this upstream at once
-    max_keepalive_connections: int = 256  # idle connections kept for reuse
-    # below the servers' own idle keep-alive timeout (uvicorn, hence vLLM: 5 s; llama-server's
-    # cpp-httplib: 5 s), so a pooled connection is dropped by us before the server drops it
-    keepalive_expiry_s: float = 4.0
-    acquire_timeout_s: float = 10.0  # waiting for a free pooled connection
-
-
-class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Options every proxy backend shares (`[backends.options]` in plugins.toml).
-
-    - `base_url`: the upstream server, without `/v1` (e.g. "http://127.0.0.1:8001").
-    - `endpoints` (instead of `base_url`): the base URLs of several replicas of one server;
-      `discovery` (instead of both): a `dns` name or a `file` that lists them as they change.
-      `balance` picks a replica per request, `replica_attempts` bounds the replicas one request
-      may try before its first byte, `replica_breaker` is each replica's circuit breaker,
-      `load_signals` the scrape of each engine's load, `prefix_cache` the prefix index
-      (`plugins.fleet`; README "Fronting a fleet").
-    - `api_key` / `api_key_env`: sent as `Authorization: Bearer` to this upstream only; prefer
-      `api_key_env` (the name of an environment variable) over a key written in the file.
-    - `models`: the gateway's model names → the upstream's names. Empty: serve every model the
-      upstream lists, under its own name. Non-empty: serve exactly these names.
-    - `max_model_len`: overrides what the upstream reports.
-    - `headers`: extra headers sent upstream with every request.
-    - `embeddings`: the upstream serves `/v1/embeddings` (see `plugins.proxy_embeddings`).
-    """
-
-    base_url: str = ""
-    endpoints: list[str] | None = None
-    discovery: DiscoveryOptions | None = None
-    balance: BalanceName = "prefix_cache"
-    replica_attempts: Annotated[int, Meta(ge=1)] = 3
-    replica_breaker: ReplicaBreakerOptions = ReplicaBreakerOptions()
-    load_signals: LoadSignalOptions = LoadSignalOptions()
-    prefix_cache: PrefixCacheOptions = PrefixCacheOptions()
-    api_key: str | None = None
-    api_key_env: str | None = None
-    models: dict[str, str] = {}
-    max_model_len: int | None = None
-    timeouts: TimeoutOptions = TimeoutOptions()
-    pool: PoolOptions = PoolOptions()
-    headers: dict[str, str] = {}
-    embeddings: bool = False
-    # also split `<think>` text out of the upstream's content (for a server that does not do
-    # it itself); the upstream's own `reasoning` / `reasoning_content` fields are always read
-    reasoning_parser: Literal["none", "deepseek_r1"] = "none"
-
-    def __repr__(self) -> str:  # never show a key
-        fields = []
-        for name in self.__struct_fields__:
-            value = getattr(self, name)
-            if name == "api_key" and value is not None:
-                value = "***"
-            fields.append(f"{name}={value!r}")
-        return f"{type(self).__name__}({', '.join(fields)})"
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -527,11 +448,3 @@ class ProxyBackend:
                      tools: list[dict[str, Any]] | None = None) -> Rendered:
         """The chat prompt exactly as this server builds it: text and token ids."""
         raise InvalidRequest(f"Backend `{self.name}` cannot show its rendered prompt.", param="model")
-
-
-def check_extensions(names: list[str], *, backend_type: str) -> frozenset[str]:
-    unknown = sorted(set(names) - EXTENSIONS)
-    if unknown:
-        raise ConfigError(f"backend type `{backend_type}`: unknown extension(s) {', '.join(unknown)} in "
-                          f"`options.extensions` (known: {', '.join(sorted(EXTENSIONS))})")
-    return frozenset(names)

@@ -32,7 +32,8 @@ import msgspec
 from plugins import hookimpl
 from plugins.protocol import EXTENSIONS, RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.protocol import Rendered
-from plugins.proxy import ProxyBackend, ProxyOptions
+from plugins.proxy import ProxyBackend
+from plugins.proxy_options import ProxyOptions
 from plugins.registry import BackendType
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

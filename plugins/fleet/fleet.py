@@ -93,7 +93,7 @@ class Fleet:
     @classmethod
     def from_options(cls, backend: str, options: Any, *, make_pool: Callable[[str], http1.Pool],
                      load_sources: Sequence[str], health_path: str) -> Fleet:
-        """The fleet a proxy backend's options (`plugins.proxy.ProxyOptions`) describe;
+        """The fleet a proxy backend's options (`plugins.proxy_options.ProxyOptions`) describe;
         `load_sources` are the backend type's own, used when `load_signals.source` is "auto"."""
         launch = getattr(options, "launch", None) is not None if "launch" in type(options).__struct_fields__ else None
         discovery = discovery_for(backend, base_url=options.base_url, endpoints=options.endpoints,

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 import torch
 
+import kernels
 from builtin_engine.config import EngineConfig
 from builtin_engine.device import DeviceError, resolve_placement
 from plugins.builtin import BuiltinOptions
@@ -27,6 +28,7 @@ def test_auto_picks_the_cpu_and_float32_here() -> None:
         assert (placement.dtype, placement.compile) == ("float32", False)  # token-exact by default
 
 
+@pytest.mark.skipif(not kernels.has_cpu_kernels(), reason="the C++ CPU kernels are not in use here")
 def test_bfloat16_compiles_by_default_on_the_cpu() -> None:
     assert resolve_placement("cpu", "bfloat16").compile is True
     assert resolve_placement("cpu", "bfloat16", False).compile is False
@@ -57,6 +59,21 @@ def test_compile_without_a_compiler_is_an_error(monkeypatch) -> None:  # noqa: A
     with pytest.raises(DeviceError, match="compile = true on cpu needs a C\\+\\+ compiler"):
         resolve_placement("cpu", "bfloat16", True)
     assert resolve_placement("cpu", "bfloat16").compile is False  # the default steps back
+
+
+def test_compile_without_the_cpu_kernels_is_an_error(monkeypatch) -> None:  # noqa: ANN001
+    """Without the C++ kernels the attention is the torch reference, which reads the lengths back
+    to size its work: it cannot be traced into a graph, so compiling is refused at start-up (and
+    the default runs eagerly) instead of failing in the warm-up's trace."""
+    monkeypatch.setenv(kernels.BACKEND_ENV, "torch")
+    kernels.reset_backend()
+    try:
+        with pytest.raises(DeviceError, match="compile = true on cpu needs the C\\+\\+ CPU kernels"):
+            resolve_placement("cpu", "bfloat16", True)
+        assert resolve_placement("cpu", "bfloat16").compile is False
+    finally:
+        monkeypatch.undo()
+        kernels.reset_backend()
 
 
 def test_prefill_budget_defaults_to_the_device() -> None:

@@ -18,7 +18,8 @@ from plugins.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions, choice_grammar
 from plugins.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.protocol import Finish, RequestSpec, SamplingParams, TextDelta, TokenizeRequest, Usage
-from plugins.proxy import ProxyBackend, TimeoutOptions
+from plugins.proxy import ProxyBackend
+from plugins.proxy_options import TimeoutOptions
 from plugins.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.recordings import Recording, find
 from tests.proxy.replay import Received, ReplayServer, http_head, replay, write_recording
