@@ -13,9 +13,9 @@ does O(1) work per request and one parser call per socket read.
     await response.aclose()      # back to the pool when the body was read to its end
 
 Body pieces come out as they arrive: everything that arrived since the last call, joined, never
-waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands each socket read's
-body bytes to `on_piece` in the connection's own callback while it waits, with no task wake-up
-per read (the proxies' relay of a stream's middle events). A response closed before its end
+waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands the body bytes to
+`on_piece` from the connection's own loop callbacks while it waits, with no task wake-up per
+read (the proxies' relay of a stream's middle events). A response closed before its end
 closes its connection (that is how an upstream learns the client went away). A request whose connection the server closed without a
 byte of answer is retried once on a fresh connection: that is what a server closing an idle
 keep-alive connection just as it is reused looks like.
@@ -110,9 +110,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
             self.close()
-            return
-        if self.on_piece is not None and self.pieces and not self.complete and self.error is None:
-            self._push(self.on_piece)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -147,7 +144,7 @@ class _Connection(asyncio.Protocol):
         if self.buffered >= READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        if not self._wake_soon and self.on_piece is None:
+        if not self._wake_soon:
             # the reader is woken one loop turn later: the bytes of this stream that arrive in
             # that turn join the same piece (one parse, one client write for them all; the
             # gateway's pump task used to give that turn)
@@ -155,7 +152,7 @@ class _Connection(asyncio.Protocol):
             self.loop.call_soon(self._wake_later)
 
     def _push(self, on_piece: Callable[[bytes], bool]) -> None:
-        """This read's body bytes to `on_piece` while the reader waits (after its wait ended, the
+        """The body bytes here to `on_piece` while the reader waits (after its wait ended, the
         reader takes them itself); its False hands control back: it is called no more and the
         reader wakes."""
         waiter = self.waiter
@@ -168,8 +165,22 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _wake_later(self) -> None:
+        if self.on_piece is not None:
+            # pushed one more turn later: a woken reader only runs then, and the bytes that
+            # arrive meanwhile join its piece; they join the pushed piece as well
+            self.loop.call_soon(self._push_later)
+            return
         self._wake_soon = False
         self._wake()
+
+    def _push_later(self) -> None:
+        self._wake_soon = False
+        if not self.pieces:
+            return
+        if self.on_piece is not None and not self.complete and self.error is None:
+            self._push(self.on_piece)
+        else:
+            self._wake()
 
     def on_message_complete(self) -> None:
         if self.headers_done:
@@ -264,9 +275,9 @@ class Response:
         """The body bytes that arrived since the last call (waiting for some when there are
         none); None at the end of the body. TimeoutError at loop time `deadline`.
 
-        `on_piece`: while this waits, each socket read's body bytes (not the end of the body, nor
-        a failure) go to `on_piece(piece)` instead, called from the connection's protocol
-        callback (so it must not raise); it returns False to be called no more, and this returns
+        `on_piece`: while this waits, the body bytes that arrive (not the end of the body, nor a
+        failure) go to `on_piece(piece)` instead, called from a loop callback of the connection
+        (so it must not raise), as late as a woken reader would have them; it returns False to be called no more, and this returns
         b"" then. A pushed piece does not move `deadline`: `on_piece` does (`move_deadline`)."""
         conn = self._conn
         if conn is None:
