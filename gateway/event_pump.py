@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from plugins.protocol import Event
+
+if TYPE_CHECKING:
+    from plugins.proxy_stream import EventSink
 
 
 class EventPump:
@@ -15,7 +19,8 @@ class EventPump:
     text back to wait for it.
 
     A backend whose event iterator has `next_batch()` (the proxies' `UpstreamEvents`) is read
-    from the consumer's own task, with no task of its own. Any other iterator runs in a
+    from the consumer's own task, with no task of its own, and takes a `sink` for the events
+    that arrive while the consumer waits (see `next_batch`). Any other iterator runs in a
     task of its own that buffers what it yields.
 
     `close()` closes the backend's iterator (which aborts the request upstream or in the engine)."""
@@ -27,7 +32,7 @@ class EventPump:
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._next: Callable[[], Awaitable[list[Event] | None]] | None = getattr(events, "next_batch", None)
+        self._next: Callable[[EventSink | None], Awaitable[list[Event] | None]] | None = getattr(events, "next_batch", None)
         self._reader: asyncio.Task[object] | None = None  # the task awaiting `_next` now
         self._task = None if self._next is not None else asyncio.get_running_loop().create_task(self._run())
 
@@ -77,10 +82,13 @@ class EventPump:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def next_batch(self) -> list[Event] | None:
-        """The events ready now (waiting for at least one); None when the stream has ended."""
+    async def next_batch(self, sink: EventSink | None = None) -> list[Event] | None:
+        """The events ready now (waiting for at least one); None when the stream has ended.
+        `sink`: the events that arrive while this waits may be handed to `sink(batch)` instead,
+        outside this task, until it returns False (then this returns, `[]` if nothing else
+        came); only a proxy's stream does so, and never its first events, its end or an error."""
         if self._next is not None:
-            return await self._next_direct(self._next)
+            return await self._next_direct(self._next, sink)
         while not self._buffer:
             if self._done:
                 return self._end()
@@ -96,12 +104,13 @@ class EventPump:
             raise error
         return None
 
-    async def _next_direct(self, next_batch: Callable[[], Awaitable[list[Event] | None]]) -> list[Event] | None:
+    async def _next_direct(self, next_batch: Callable[[EventSink | None], Awaitable[list[Event] | None]],
+                           sink: EventSink | None) -> list[Event] | None:
         if self._done:
             return self._end()
         self._reader = task = asyncio.current_task()
         try:
-            batch = await next_batch()
+            batch = await next_batch(sink)
         except asyncio.CancelledError:
             if self._error is not None and task is not None and task.uncancel() == 0:  # interrupted, not cancelled
                 return self._end()

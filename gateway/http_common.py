@@ -18,7 +18,7 @@ from litestar.types import Receive, Scope, Send
 from gateway.accounting import RequestAccounting, open_accounting
 from gateway.auth import ClientKey
 from gateway.errors import from_decode_error
-from gateway.http_protocol import exchange_of
+from gateway.http_protocol import BODY_WRITER, exchange_of
 from gateway.keys import TokenCost
 from gateway.service import Gateway, Resolved
 from gateway.serving import LastPiece, Served
@@ -241,14 +241,18 @@ async def send_sse(scope: Scope, receive: Receive, send: Send, start: Any, piece
 async def _send_pieces(pieces: AsyncIterator[bytes], send: Send) -> None:
     cycle = exchange_of(send)
     write = cycle.write_piece if cycle is not None else None
-    async for piece in pieces:
-        if type(piece) is LastPiece:
-            await send({"type": "http.response.body", "body": piece, "more_body": False})
-            await pieces.aclose()  # type: ignore[attr-defined]
-            return
-        if write is None or not write(piece):
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    writing = BODY_WRITER.set(write)  # `stream_body` writes a proxied stream's middle itself
+    try:
+        async for piece in pieces:
+            if type(piece) is LastPiece:
+                await send({"type": "http.response.body", "body": piece, "more_body": False})
+                await pieces.aclose()  # type: ignore[attr-defined]
+                return
+            if write is None or not write(piece):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        BODY_WRITER.reset(writing)
 
 
 class _SSEBody(ASGIStreamingResponse):

@@ -19,6 +19,7 @@ import msgspec
 
 from gateway.accounting import RequestAccounting
 from gateway.errors import error_payload
+from gateway.http_protocol import BODY_WRITER
 from gateway.limits import BackendLimiter, Deadline
 from gateway.metrics import ArmMetrics
 from gateway.outcomes import check_usage, error_label, outcome_of, retry_kind
@@ -27,6 +28,7 @@ from gateway.request_timer import RequestTimer, is_token_event
 from gateway.route_plan import RoutePlan
 from gateway.schemas import ErrorResponse
 from gateway.service import EventPump, Gateway, Resolved
+from gateway.stream_feed import StreamFeed
 from gateway.validation import check_capabilities
 from plugins.errors import SwitchyardError, UpstreamError
 from plugins.protocol import Event, RequestSpec, Usage
@@ -279,40 +281,33 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
     request recorded exactly once, however the stream ends (completed, failed, client gone).
     A stream that ends by itself is recorded before its end goes out, as a `LastPiece`, which
     also carries the bytes of the stream's last batch when the pump knew it was the last (one
-    client write less)."""
+    client write less). Sent by `http_common.send_sse` from our own server's request cycle
+    (`BODY_WRITER`), a proxied stream's middle batches are written to the client as they
+    arrive, without this generator (`StreamFeed.push`): whatever passes its pieces on between
+    here and `send_sse` must pass them on unchanged."""
     observed, pump = opened.observed, opened.pump
-    usage: Usage | None = None
+    body = StreamFeed(observed, writer, BODY_WRITER.get())
     error: BaseException | None = None
     held = b""  # the last batch's bytes, sent with the end
     try:
         out = writer.start(opened.first)
         batch: list[Event] | None = opened.first
         while batch is not None:
-            tokens = False
-            for event in batch:
-                if isinstance(event, Usage):
-                    usage = event
-                elif not tokens and is_token_event(event):
-                    tokens = True
-            if tokens:
-                observed.timer.mark_tokens()
-            if observed.accounting is not None:
-                observed.accounting.on_events(batch)
-            out += writer.feed(batch)
+            out += body.feed(batch)
             if pump.exhausted:
                 held = out
                 break
             if out:
                 yield out
             out = b""
-            batch = await pump.next_batch()
-        observed.usage = check_usage(usage, opened.backend)
+            batch = await pump.next_batch(body.push)
+        observed.usage = check_usage(body.usage, opened.backend)
         last = held + await writer.finish(observed.usage)
     except SwitchyardError as exc:
         error = exc
         payload = error_payload(exc, observed.gateway.redact)[1]
         observed.gateway.metrics.errors.labels(payload.error.type).inc()
-        last = held + await writer.error(exc, payload)
+        last = held + body.kept + await writer.error(exc, payload)
     except BaseException as exc:
         error = exc
         raise

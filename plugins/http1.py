@@ -13,8 +13,10 @@ does O(1) work per request and one parser call per socket read.
     await response.aclose()      # back to the pool when the body was read to its end
 
 Body pieces come out as they arrive: everything that arrived since the last call, joined, never
-waiting for more. A response closed before its end closes its connection (that is how an
-upstream learns the client went away). A request whose connection the server closed without a
+waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands the body bytes to
+`on_piece` from the connection's own loop callbacks while it waits, with no task wake-up per
+read (the proxies' relay of a stream's middle events). A response closed before its end
+closes its connection (that is how an upstream learns the client went away). A request whose connection the server closed without a
 byte of answer is retried once on a fresh connection: that is what a server closing an idle
 keep-alive connection just as it is reused looks like.
 """
@@ -25,6 +27,7 @@ import asyncio
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -89,6 +92,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.error: HTTPError | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.on_piece: Callable[[bytes], bool] | None = None  # see `Response.next_piece`
         self.received = False  # any byte of this exchange's response
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -147,9 +151,36 @@ class _Connection(asyncio.Protocol):
             self._wake_soon = True
             self.loop.call_soon(self._wake_later)
 
+    def _push(self, on_piece: Callable[[bytes], bool]) -> None:
+        """The body bytes here to `on_piece` while the reader waits (after its wait ended, the
+        reader takes them itself); its False hands control back: it is called no more and the
+        reader wakes."""
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        pieces, self.pieces, self.buffered = self.pieces, [], 0
+        self.resume()
+        if not on_piece(pieces[0] if len(pieces) == 1 else b"".join(pieces)):
+            self.on_piece = None
+            waiter.set_result(None)
+
     def _wake_later(self) -> None:
+        if self.on_piece is not None:
+            # pushed one more turn later: a woken reader only runs then, and the bytes that
+            # arrive meanwhile join its piece; they join the pushed piece as well
+            self.loop.call_soon(self._push_later)
+            return
         self._wake_soon = False
         self._wake()
+
+    def _push_later(self) -> None:
+        self._wake_soon = False
+        if not self.pieces:
+            return
+        if self.on_piece is not None and not self.complete and self.error is None:
+            self._push(self.on_piece)
+        else:
+            self._wake()
 
     def on_message_complete(self) -> None:
         if self.headers_done:
@@ -239,9 +270,15 @@ class Response:
         self.status = conn.status
         self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in conn.raw_headers}
 
-    async def next_piece(self, deadline: float | None = None) -> bytes | None:
+    async def next_piece(self, deadline: float | None = None,
+                         on_piece: Callable[[bytes], bool] | None = None) -> bytes | None:
         """The body bytes that arrived since the last call (waiting for some when there are
-        none); None at the end of the body. TimeoutError at loop time `deadline`."""
+        none); None at the end of the body. TimeoutError at loop time `deadline`.
+
+        `on_piece`: while this waits, the body bytes that arrive (not the end of the body, nor a
+        failure) go to `on_piece(piece)` instead, called from a loop callback of the connection
+        (so it must not raise), as late as a woken reader would have them; it returns False to be called no more, and this returns
+        b"" then. A pushed piece does not move `deadline`: `on_piece` does (`move_deadline`)."""
         conn = self._conn
         if conn is None:
             return None
@@ -250,10 +287,26 @@ class Response:
                 raise conn.error
             if conn.complete:
                 return None
-            await conn.wait(deadline)
+            if on_piece is None:
+                await conn.wait(deadline)
+                continue
+            conn.on_piece = on_piece
+            try:
+                await conn.wait(deadline)
+                handed_back = conn.on_piece is None  # (what came after is for the next call)
+            finally:
+                conn.on_piece = None
+            if handed_back:
+                return b""
         pieces, conn.pieces, conn.buffered = conn.pieces, [], 0
         conn.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def move_deadline(self, deadline: float) -> None:
+        """From an `on_piece` callback: the waiting `next_piece` times out at this later loop
+        time instead (the connection's timer reads it when it fires)."""
+        if self._conn is not None:
+            self._conn.deadline = deadline
 
     async def read(self, limit: int | None = None, deadline: float | None = None) -> bytes:
         """The rest of the body (at most about `limit` bytes)."""

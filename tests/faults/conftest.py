@@ -103,7 +103,7 @@ def after_each_row(gw: GatewayThread, upstream: FaultyUpstream) -> Iterator[None
     def pools_settled() -> bool:
         pools = gw.pools()
         busy = sum(b for _, b in pools.values())
-        idle = sum(pools[e][0] for e in ENGINES)
+        idle = sum(g.pools()[e][0] for g in GatewayThread.running for e in ENGINES)  # other gateways' too
         return busy == 0 and upstream.stats()["open_connections"] <= idle
 
     assert wait_until(pools_settled, timeout=5), f"pools {gw.pools()}, upstream open {upstream.stats()['open_connections']}"

@@ -14,23 +14,33 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http_protocol import HeadWithBodyProtocol
 from gateway.serve import DrainingServer
 from gateway.service import Gateway
+from gateway.streamed_chat import StreamedChatFront
 from tests.support.server import free_port
 
 
 class GatewayThread:
-    def __init__(self, config_text: str, *, drain_s: float = 2.0) -> None:
+    """Served as `switchyard serve` serves (the streamed chat front, our uvicorn protocol), or
+    with `plain`, as the bare Litestar app on uvicorn's own protocol (no direct body writes)."""
+
+    def __init__(self, config_text: str, *, drain_s: float = 2.0, plain: bool = False) -> None:
         self.config = parse_config(config_text, "<test>")
         self.app = create_app(self.config)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        uv = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, loop="asyncio", http="httptools",
+        served: Any = self.app if plain else StreamedChatFront(self.app, self.config.server.max_body_bytes)
+        uv = uvicorn.Config(served, host="127.0.0.1", port=self.port, loop="asyncio",
+                            http="httptools" if plain else HeadWithBodyProtocol,
                             log_level="warning", access_log=False, timeout_graceful_shutdown=drain_s + 5)
         self.server = DrainingServer(uv, drain_s)
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 
+    running: set[GatewayThread] = set()  # (their pools' idle connections are open upstream)
+
     def __enter__(self) -> GatewayThread:
+        GatewayThread.running.add(self)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -40,6 +50,7 @@ class GatewayThread:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        GatewayThread.running.discard(self)
         self.server.should_exit = True
         self.thread.join(timeout=30)
 

@@ -318,3 +318,39 @@ def test_the_idle_timer_follows_a_moving_deadline_and_fires_at_the_last_one() ->
         await pool.aclose()
 
     run(main())
+
+
+def test_pieces_are_pushed_to_on_piece_until_it_hands_control_back() -> None:
+    """While `next_piece(on_piece=...)` waits, each read's body bytes go to `on_piece` in the
+    connection's callback; its False ends the wait with b"", and what arrives next is the next
+    call's, in order."""
+    pushed: list[bytes] = []
+    took = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await took.wait()  # the client has the head
+        for piece in (b"one", b"two"):
+            took.clear()
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await took.wait()
+        writer.write(b"5\r\nthree\r\n0\r\n\r\n")
+
+    def on_piece(piece: bytes) -> bool:
+        pushed.append(piece)
+        took.set()
+        return piece != b"two"
+
+    async def main() -> list[bytes | None]:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            took.set()
+            got = [await resp.next_piece(None, on_piece), await resp.next_piece(), await resp.next_piece()]
+            await resp.aclose()
+            await pool.aclose()
+            return got
+
+    assert run(main()) == [b"", b"three", None]
+    assert pushed == [b"one", b"two"]

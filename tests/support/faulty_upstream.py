@@ -24,6 +24,9 @@ A word `fault:<name>` in the prompt makes that request misbehave:
 | `echo_auth` | answers 401 quoting the `Authorization` header it got (as some APIs do) |
 | `echo_auth_event` | two chunks, then an error event quoting the `Authorization` header |
 
+A word `pace:<ms>` (with or without a fault) makes the upstream wait that long before each
+event after the head, so that each one reaches the gateway in a socket read of its own.
+
 `POST /v1/embeddings` answers one small vector per input.
 
 `GET /_stats` tells what happened, seen from the upstream: the connections open now and, per
@@ -45,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FAULT = re.compile(r"fault:(\S+)")
+PACE = re.compile(r"pace:(\d+)")
 SLOW_WORDS = 400
 SLOW_DELAY_S = 0.05
 
@@ -216,7 +220,8 @@ class Upstream:
         return keep_alive
 
     async def _fault(self, conn: Connection, fault: str, chat: bool, words: list[str], body: dict, headers: dict) -> bool:
-        stream = Stream(conn, chat, body.get("model", "up"))
+        pace = PACE.search(" ".join(words))
+        stream = Stream(conn, chat, body.get("model", "up"), int(pace[1]) / 1000 if pace else 0.0)
         if fault.startswith("status:"):
             code = int(fault.split(":")[1])
             etype = {429: "rate_limit_error", 503: "unavailable_error"}.get(code, "server_error")
@@ -273,10 +278,11 @@ class Upstream:
 class Stream:
     """A vLLM-style SSE response in HTTP chunked encoding."""
 
-    def __init__(self, conn: Connection, chat: bool, model: str) -> None:
+    def __init__(self, conn: Connection, chat: bool, model: str, pace_s: float = 0.0) -> None:
         self.conn = conn
         self.chat = chat
         self.model = model
+        self.pace_s = pace_s
 
     async def head(self) -> None:
         await self.conn.send(
@@ -288,6 +294,8 @@ class Stream:
         await self.conn.send(b"%x\r\n" % len(data) + data + b"\r\n")
 
     async def raw_event(self, data: bytes) -> None:
+        if self.pace_s:
+            await asyncio.sleep(self.pace_s)
         await self._chunk(b"data: " + data + b"\n\n")
 
     async def event(self, obj: dict[str, Any]) -> None:
