@@ -10,6 +10,7 @@ import msgspec
 
 from gateway import schemas as S
 from gateway.accounting import RequestAccounting
+from gateway.ids import token_hex
 from gateway.service import Gateway
 from gateway.serving import Served, collect_events, open_events, stream_body
 from gateway.sse import DONE, ChunkEncoder, chat_logprobs_json, error_event
@@ -19,7 +20,7 @@ from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDel
 
 def response_id(spec: RequestSpec) -> str:
     prefix = "chatcmpl-" if spec.kind == "chat" else "cmpl-"
-    return prefix + secrets.token_hex(12)
+    return prefix + token_hex(12)
 
 
 # -- streaming ------------------------------------------------------------------------------------

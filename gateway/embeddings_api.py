@@ -21,7 +21,7 @@ from litestar.datastructures import State
 from msgspec import Meta, Struct
 
 from gateway.accounting import RequestAccounting
-from gateway.http_common import CLIENT_CLOSED_REQUEST, accounted, authorize, decode_body, response_headers
+from gateway.http_common import CLIENT_CLOSED_REQUEST, accounted, authorize, client_request, decode_body, response_headers
 from gateway.keys.limits import CHARS_PER_TOKEN, TokenCost
 from gateway.schemas import TokenId
 from gateway.service import Gateway
@@ -146,7 +146,7 @@ async def create_embeddings(request: Request, state: State) -> Response:
     embed_request = EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,
                                  dimensions=data.dimensions, user=data.user)
     # the client gone: the backend's work is cancelled
-    done, limit_headers = await accounted(request, gateway, spec,
+    done, limit_headers = await accounted(client_request(request), gateway, spec,
                                           lambda accounting: embed(gateway, spec, embed_request, accounting),
                                           cost_of(inputs))
     if done is None:

@@ -5,7 +5,7 @@ cancelled when the client goes away (also while waiting for the first event)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -33,7 +33,12 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def response_headers(request: Request, backend: str | None = None) -> dict[str, str]:
-    headers = {"x-request-id": request.state.request_id}
+    return id_headers(request.state.request_id, backend)
+
+
+def id_headers(request_id: str, backend: str | None = None) -> dict[str, str]:
+    """The response headers that name the request and the backend that served it."""
+    headers = {"x-request-id": request_id}
     if backend is not None:
         headers["x-switchyard-backend"] = backend
     return headers
@@ -84,31 +89,65 @@ def resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) ->
 OpenServed = Callable[[Gateway, RequestSpec, RequestAccounting | None], Awaitable[Served]]
 
 
+class ClientRequest:
+    """What serving needs of the client's request: its id, its key, its headers (a mapping of
+    lower-case names), and the ASGI scope and `receive` whose disconnect is watched. Litestar's
+    handlers take it from their `Request` (`client_request`); the streamed chat front builds it
+    without one."""
+
+    __slots__ = ("request_id", "key", "headers", "scope", "receive")
+
+    def __init__(self, request_id: str, key: ClientKey | None, headers: Mapping[str, str], scope: Scope,
+                 receive: Receive) -> None:
+        self.request_id = request_id
+        self.key = key
+        self.headers = headers
+        self.scope = scope
+        self.receive = receive
+
+
+def client_request(request: Request) -> ClientRequest:
+    state = request.state
+    return ClientRequest(state.request_id, state.client_key, request.headers, request.scope, request.receive)
+
+
 async def serve(request: Request, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed, collect: OpenServed) -> Response:
     """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON), under the
     client key's limits and in the request's trace (`accounting`, passed on to `serving`)."""
-    # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
-    # the backend header names the target that actually served
-    spec = gateway.with_routing_keys(spec, request.headers)
-    opened = open_stream if spec.stream else collect
-    served, limit_headers = await accounted(request, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    spec, served, headers = await serve_client(client_request(request), gateway, spec, open_stream, collect)
     if served is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
-    headers = {**response_headers(request, served.backend), **limit_headers}
     if spec.stream:
-        return SSEStream(served.body, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+        return SSEStream(served.body, media_type="text/event-stream", headers=headers)
     return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
 
 
-async def accounted(request: Request, gateway: Gateway, spec: RequestSpec,
+async def serve_client(client: ClientRequest, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed,
+                       collect: OpenServed) -> tuple[RequestSpec, Served | None, dict[str, str]]:
+    """`serve`'s work: the spec as served (with its routing keys), what was served (None: the
+    client left) and the response's headers (a stream's included)."""
+    # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
+    # the backend header names the target that actually served
+    spec = gateway.with_routing_keys(spec, client.headers)
+    opened = open_stream if spec.stream else collect
+    served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    if served is None:
+        return spec, None, {}
+    headers = {**id_headers(client.request_id, served.backend), **limit_headers}
+    if spec.stream:
+        headers.update(SSE_HEADERS)
+    return spec, served, headers
+
+
+async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,
                     work: Callable[[RequestAccounting | None], Awaitable[T]],
                     cost: TokenCost | None = None) -> tuple[T | None, dict[str, str]]:
     """`work` run under the client key's limits and in the request's trace (`cost`: see
     `open_accounting`), cancelled if the client goes away (None then); with the `x-ratelimit-*`
     headers for the response. For a stream, the disconnect watch goes on guarding its body."""
-    key: ClientKey | None = request.state.client_key
-    accounting = await open_accounting(gateway, spec, request.headers, key and key.limits, key and key.name, cost)
-    watch = DisconnectWatch(request.receive)
+    key = client.key
+    accounting = await open_accounting(gateway, spec, client.headers, key and key.limits, key and key.name, cost)
+    watch = DisconnectWatch(client.receive)
     try:
         done = await watch.guard(work(accounting))
     except BaseException as exc:
@@ -117,7 +156,7 @@ async def accounted(request: Request, gateway: Gateway, spec: RequestSpec,
             accounting.finish(exc)  # a failure before serving took the request over (else a no-op)
         raise
     if spec.stream and done is not None:
-        request.scope[_WATCH] = watch  # type: ignore[literal-required]
+        client.scope[_WATCH] = watch  # type: ignore[literal-required]
     else:
         watch.close()
     if accounting is None:

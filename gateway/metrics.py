@@ -26,6 +26,17 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 LABELS = ("route", "backend")
 
 
+def observe(histogram: Histogram, value: float) -> None:
+    """`histogram.observe(value)` (a label child without exemplars): the bucket found by
+    bisection, as in `observe_all`, instead of a walk over the bounds and two checks."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    if bounds is None:  # another prometheus_client layout
+        histogram.observe(value)
+        return
+    histogram._sum.inc(value)  # type: ignore[attr-defined]
+    histogram._buckets[bisect_left(bounds, value)].inc(1)  # type: ignore[attr-defined]
+
+
 def observe_all(histogram: Histogram, values: list[float]) -> None:
     """`histogram.observe(v)` for each of `values` (a label child without exemplars), adding each
     bucket's count and the sum once: a request's inter-token gaps cost a few increments instead

@@ -24,7 +24,7 @@ from gateway.config import Config, resolve_backend_options
 from gateway.event_pump import EventPump
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.limits import BackendLimiter, RouteLimits, ShuttingDown
-from gateway.metrics import ArmMetrics, Metrics, observe_all
+from gateway.metrics import ArmMetrics, Metrics, observe, observe_all
 from gateway.outcomes import error_label, outcome_of, retry_kind
 from gateway.replica_metrics import WORKER_MODES, BackendLoads, ReplicaCollector
 from gateway.request_log import Attempt, RequestLog, RequestRecord
@@ -35,7 +35,7 @@ from gateway.telemetry import Telemetry, build_telemetry
 from plugins import routing
 from plugins.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
 from plugins.health import HealthMonitor
-from plugins.manager import backend_types, build_plugin_manager
+from plugins.manager import backend_types, build_plugin_manager, call_first
 from plugins.protocol import Backend, ModelInfo, RequestSpec, Usage
 from plugins.registry import Route, Target
 
@@ -248,8 +248,8 @@ class Gateway:
             raise UpstreamError(
                 f"No backend of `{route.name}` is available: every circuit breaker is open.", kind="unavailable", code="no_healthy_backend"
             )
-        target = self.pm.hook.switchyard_route(spec=spec, route=route, candidates=candidates, in_flight=self._in_flight_view,
-                                               load=self._load_view)
+        target = call_first(self.pm.hook.switchyard_route, spec=spec, route=route, candidates=candidates,
+                            in_flight=self._in_flight_view, load=self._load_view)
         if target is None:
             raise UpstreamError(f"No routing plugin picked a backend for model `{spec.model}`.", kind="unavailable")
         return Resolved(route=route, target=target, backend=self.backends[target.backend])
@@ -287,9 +287,9 @@ class Gateway:
         outcome = outcome_of(error)
         arm.finished(outcome)
         timings = timer.as_dict()
-        arm.e2e.observe(timings["e2e"])
+        observe(arm.e2e, timings["e2e"])
         if timings["ttft"] is not None:
-            arm.ttft.observe(timings["ttft"])
+            observe(arm.ttft, timings["ttft"])
         observe_all(arm.itl, timings["itl"])
         if usage is not None:
             arm.prompt.inc(usage.prompt_tokens)

@@ -63,6 +63,7 @@ class Observed:
     slot: BackendLimiter | None = None  # the backend slot the current attempt holds
     on_pump: Callable[[EventPump], None] | None = None  # told each attempt's pump (to interrupt it: cancel)
     accounting: RequestAccounting | None = None  # the key's reservation and the trace, when on
+    _arm: ArmMetrics | None = field(default=None, init=False)  # the metrics of the current attempt's arm
 
     def __post_init__(self) -> None:
         self.deadline = Deadline.after(self.plan.limits.request_timeout_s)
@@ -93,6 +94,7 @@ class Observed:
                 gateway.shadows.fork(self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
             backend = resolved.backend.name
+            self._arm = gateway.metrics.arm(plan.route.name, backend)
             gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
             self.arm.in_flight.inc()  # type: ignore[union-attr]
             return resolved
@@ -100,8 +102,8 @@ class Observed:
 
     @property
     def arm(self) -> ArmMetrics:
-        assert self.resolved is not None
-        return self.gateway.metrics.arm(self.plan.route.name, self.resolved.backend.name)
+        assert self._arm is not None
+        return self._arm
 
     async def admit(self) -> None:
         """Wait for a slot on the attempt's backend when it has `max_concurrent` (429 when its
@@ -123,6 +125,9 @@ class Observed:
 
     async def close_pump(self, pump: EventPump) -> None:
         self.gateway.untrack(pump)
+        if pump.exhausted:  # ran to its end: nothing is left to abort, closing it does not wait
+            await pump.close()
+            return
         with anyio.CancelScope(shield=True):
             await pump.close()
 

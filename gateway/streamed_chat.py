@@ -3,8 +3,9 @@
 `POST /v1/chat/completions` with `"stream": true` is the gateway's hot path: at 256 streams
 Litestar's router, exception middleware (and its wrapper around every `send`), signature model
 and hook machinery were ~15% of the gateway's CPU per request. `StreamedChatFront` serves such a
-request with the same pieces the Litestar handler uses (`chat_request_spec`, `http_common.serve`,
-`http_common.send_sse`) and writes the head `to_response` would (the app's headers, the answer's,
+request with the same pieces the Litestar handler uses (`chat_request_spec`, `http_common`'s
+`serve_client` and `send_sse`), without building a Litestar `Request` (its headers, state and
+response objects were another ~5%), and writes the head `to_response` would (the app's headers, the answer's,
 the content type: tests/gateway/test_streamed_chat_front.py compares the two), so headers, body,
 limits, metrics, log and traces are the same bytes and the same records.
 
@@ -18,20 +19,19 @@ exception handlers write it as they write every other error.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request
-from litestar.datastructures import Headers
+from litestar import Litestar, Request, Response
 from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.http_handlers._utils import normalize_headers
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Send
 
 from gateway import schemas as S
 from gateway.auth import ClientKey, authorization_of
 from gateway.chat_completions import collect, open_stream
-from gateway.http_common import SSEStream, authorize_key, send_sse, serve
+from gateway.http_common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, send_sse, serve_client
+from gateway.ids import uuid4_hex
 from gateway.limits import cap_max_tokens, check_messages
 from gateway.service import Gateway
 from gateway.validation import chat_spec, check_chat
@@ -87,20 +87,20 @@ class StreamedChatFront:
         """The Litestar app's state (where the drain on SIGTERM finds the gateway)."""
         return self.app.state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)  # type: ignore[arg-type]
-            return
-        await self._chat(scope, receive, send)
-
-    async def _chat(self, scope: Any, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        # one coroutine, no second level for the chat route: each wake-up of a stream's task
+        # (every upstream read) resumes through every level of its awaits
         app = self.app
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            await app(scope, receive, send)  # type: ignore[arg-type]
+            return
         gateway: Gateway | None = getattr(app.state, "gateway", None)
-        length = _content_length(scope["headers"])
-        if gateway is None or gateway.draining or length is None or length > self.max_body_bytes:
+        headers = _headers(scope["headers"])
+        length = headers.get("content-length", "")
+        if (gateway is None or gateway.draining or not (length.isascii() and length.isdigit())
+                or int(length) > self.max_body_bytes):
             await app(scope, receive, send)
             return
-        headers = Headers.from_scope(scope)
         key: ClientKey | None = None
         keyring = app.state.keyring
         if keyring.enabled:
@@ -122,7 +122,7 @@ class StreamedChatFront:
         raw = b"".join(parts)
         spec = None
         if messages[-1]["type"] == "http.request" and b'"stream"' in raw:
-            request_id = headers.get("x-request-id") or uuid.uuid4().hex
+            request_id = headers.get("x-request-id") or uuid4_hex()
             try:
                 data = _DECODE(raw)
                 if data.stream:
@@ -134,24 +134,29 @@ class StreamedChatFront:
             return
         messages.clear()  # the body is read: what follows (a disconnect) comes from the server
         receive = server_receive  # (so the disconnect watch sees the server's own request cycle)
-        scope["app"] = scope["litestar_app"] = app
-        # added to the request's state as Litestar's handlers add them, keeping what is cached
-        # there (the headers parsed above, which `request.headers` then reuses)
-        scope.setdefault("state", {}).update(request_id=request_id, client_key=key)
-        scope["route_handler"] = handler = self._route_handler()
-        scope["path_params"] = {}
-        request: Request = Request(scope, receive, send)
+        client = ClientRequest(request_id, key, headers, scope, receive)
         try:
-            response = await serve(request, gateway, spec, open_stream, collect)
+            spec, served, response_headers = await serve_client(client, gateway, spec, open_stream, collect)
         except Exception as exc:
             scope[RAISE_IN_HANDLER] = exc
+            self._to_litestar(scope, request_id, key)
             await app(scope, receive, send)
             return
-        if type(response) is SSEStream:
-            await send_sse(scope, receive, send, self._start(response.headers), response.iterator)  # type: ignore[arg-type]
+        if served is not None:
+            await send_sse(scope, receive, send, self._start(response_headers), served.body)
             return
-        asgi: ASGIApp = await handler.to_response(app=app, data=response, request=request)  # the client left (499)
+        self._to_litestar(scope, request_id, key)  # the client left: 499, as Litestar's handler answers it
+        closed = Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
+        asgi: ASGIApp = await scope["route_handler"].to_response(app=app, data=closed, request=Request(scope, receive, send))
         await asgi(scope, receive, send)
+
+    def _to_litestar(self, scope: Any, request_id: str, key: ClientKey | None) -> None:
+        """The scope as the Litestar app and its route handler see it, with the request's id
+        and key in its state as Litestar's handlers put them there."""
+        scope["app"] = scope["litestar_app"] = self.app
+        scope.setdefault("state", {}).update(request_id=request_id, client_key=key)
+        scope["route_handler"] = self._route_handler()
+        scope["path_params"] = {}
 
     def _start(self, headers: dict[str, str]) -> dict[str, Any]:
         """The `http.response.start` of a streamed answer: the headers, in order, that the route
@@ -160,9 +165,9 @@ class StreamedChatFront:
             self._app_headers = normalize_headers(self._route_handler().resolve_response_headers())
         if self._app_headers:
             headers = {**self._app_headers, **headers}
-        return {"type": "http.response.start", "status": 200,
-                "headers": [*((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-                            SSE_CONTENT_TYPE]}
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        raw.append(SSE_CONTENT_TYPE)
+        return {"type": "http.response.start", "status": 200, "headers": raw}
 
     def _route_handler(self) -> HTTPRouteHandler:
         if self._handler is None:
@@ -171,8 +176,12 @@ class StreamedChatFront:
         return self._handler
 
 
-def _content_length(raw_headers: list[tuple[bytes, bytes]]) -> int | None:
+def _headers(raw_headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers by their (lower-case, as ASGI gives them) names, the first of a
+    repeated one, as Litestar's `Headers.get` reads them."""
+    headers: dict[str, str] = {}
     for name, value in raw_headers:
-        if name.lower() == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+        key = name.decode("latin-1")
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers

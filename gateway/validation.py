@@ -7,6 +7,8 @@ types and ranges are already enforced by the structs in `gateway/schemas.py`.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -145,8 +147,22 @@ def check_completion(req: S.CompletionRequest, *, max_n: int) -> None:
         raise _fail("Only one prompt per request is supported; send several requests.", "prompt")
 
 
+_EXTENSION_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _extension_fields(struct: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """The extensions `struct` has a field for, in `EXTENSIONS`' own order, and one getter of
+    all their values (no `getattr` call per name and request)."""
+    names = tuple(name for name in EXTENSIONS if name in struct.__struct_fields__)  # type: ignore[attr-defined]
+    get = operator.attrgetter(*names) if len(names) > 1 else (lambda req: tuple(getattr(req, n) for n in names))
+    _EXTENSION_FIELDS[struct] = names, get
+    return names, get
+
+
 def extensions_used(req: S.SamplingFields) -> frozenset[str]:
-    used = {name for name in EXTENSIONS if getattr(req, name, None) is not None}
+    names, get = _EXTENSION_FIELDS.get(type(req)) or _extension_fields(type(req))
+    values = get(req)
+    used = set() if values.count(None) == len(values) else {name for name, value in zip(names, values) if value is not None}
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
         used.add("continuous_usage_stats")
     return frozenset(used)

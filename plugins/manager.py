@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
+from typing import Any
 
 import pluggy
 
@@ -55,3 +56,13 @@ def backend_types(pm: pluggy.PluginManager) -> dict[str, BackendType]:
                 raise ConfigError(f"two plugins provide the backend type {btype.name!r}")
             types[btype.name] = btype
     return types
+
+
+def call_first(hook: pluggy.HookCaller, **kwargs: Any) -> Any:
+    """`hook(**kwargs)` for a `firstresult` hook, its implementation called directly when it
+    has just one (and no wrapper): the same result and the same exceptions, without pluggy's
+    ~3 µs of machinery on a per-request hook."""
+    impls = hook.get_hookimpls()
+    if len(impls) == 1 and not (impls[0].hookwrapper or impls[0].wrapper):
+        return impls[0].function(*[kwargs[name] for name in impls[0].argnames])
+    return hook(**kwargs)

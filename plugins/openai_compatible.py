@@ -82,6 +82,9 @@ class OpenAICompatibleBackend(ProxyBackend):
             body["min_p"] = s.min_p
         if "repetition_penalty" in ext:
             body["repetition_penalty"] = s.repetition_penalty
+        used = spec.extensions & ext
+        if not used:  # most requests: no extension to forward
+            return body
         values = {
             "priority": spec.priority or None,
             "structured_outputs": spec.structured_outputs,
@@ -93,12 +96,12 @@ class OpenAICompatibleBackend(ProxyBackend):
             "include_stop_str_in_output": s.include_stop_str_in_output or None,
             "skip_special_tokens": None if s.skip_special_tokens else False,
         }
-        for key in spec.extensions & ext:
+        for key in used:
             if values.get(key) is not None:
                 body[key] = values[key]
-        if spec.kind == "chat" and "add_generation_prompt" in spec.extensions & ext:
+        if spec.kind == "chat" and "add_generation_prompt" in used:
             body["add_generation_prompt"] = spec.add_generation_prompt
-        if spec.kind == "chat" and "continue_final_message" in spec.extensions & ext:
+        if spec.kind == "chat" and "continue_final_message" in used:
             body["continue_final_message"] = spec.continue_final_message
         return body
 

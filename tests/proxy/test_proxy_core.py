@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.validation import check_capabilities
@@ -283,6 +284,16 @@ def test_openai_compatible_body_has_no_extensions() -> None:
     with_ext = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u", extensions=["top_k", "min_p"]))
     body = with_ext.build_body(spec(sampling=SamplingParams(top_k=3), extensions=frozenset({"top_k"})))
     assert body["top_k"] == 3 and body["min_p"] == 0.0
+
+
+def test_a_body_using_no_extension_is_the_same_bytes_on_a_backend_that_forwards_them() -> None:
+    backend = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u", extensions=["top_k", "min_p", "priority"]))
+    body = backend.build_body(spec(model="m", upstream_model="m", sampling=SamplingParams(max_tokens=5, top_k=4), priority=3,
+                                   messages=[{"role": "user", "content": "hi"}]))
+    assert msgspec.json.encode(body) == (
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},'
+        b'"n":1,"temperature":1.0,"top_p":1.0,"presence_penalty":0.0,"frequency_penalty":0.0,"max_tokens":5,"top_k":4,'
+        b'"min_p":0.0}')
 
 
 def test_api_key_goes_upstream_only_and_is_never_shown() -> None:
