@@ -15,9 +15,9 @@ does O(1) work per request and one parser call per socket read.
 Body pieces come out as they arrive: everything that arrived since the last call, joined, never
 waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands the body bytes to
 `on_piece` from the connection's own loop callbacks while it waits, with no task wake-up per
-read (the proxies' relay of a stream's middle events). A response closed before its end
-closes its connection (that is how an upstream learns the client went away). A request whose connection the server closed without a
-byte of answer is retried once on a fresh connection: that is what a server closing an idle
+read (the proxies' relay of a stream's middle events). A response closed before its end closes
+its connection (that is how an upstream learns the client went away). A request whose
+connection the server closed without a byte of answer is retried once on a fresh connection: that is what a server closing an idle
 keep-alive connection just as it is reused looks like.
 """
 
@@ -277,8 +277,8 @@ class Response:
 
         `on_piece`: while this waits, the body bytes that arrive (not the end of the body, nor a
         failure) go to `on_piece(piece)` instead, called from a loop callback of the connection
-        (so it must not raise), as late as a woken reader would have them; it returns False to be called no more, and this returns
-        b"" then. A pushed piece does not move `deadline`: `on_piece` does (`move_deadline`)."""
+        (so it must not raise), as late as a woken reader would have them; it returns False to be
+        called no more, and this returns b"" then. A pushed piece does not move `deadline`: `on_piece` does (`move_deadline`)."""
         conn = self._conn
         if conn is None:
             return None

@@ -11,9 +11,10 @@ carries them all (A/B at 256 streams: 0.705 -> 0.655 s of gateway CPU per 1,000 
 With a `sink` (`next_batch(sink)`), the stream's plain middle is relayed without the task: while
 it waits, each piece (the reads the task would have joined) is parsed, normalized and handed to
 `sink` from the connection's loop callback (`http1.Response.next_piece`'s `on_piece`), with no
-future, task step or frame chain per piece (A/B at 256 streams: 0.789 -> 0.762). Anything else (a piece that is not whole one-line `data:` events, the end of the stream,
-a normalizer error) stops the pushing and is returned by the waiting call exactly as without a
-sink; so does a sink's False (the caller then gets `[]`).
+future, task step or frame chain per piece (A/B at 256 streams: 0.789 -> 0.762). Anything else
+(a piece that is not whole one-line `data:` events, the end of the stream, a normalizer error)
+stops the pushing and is returned by the waiting call exactly as without a sink; so does a
+sink's False (the caller then gets `[]`).
 
 It is also an ordinary async iterator of events (`async for`, `aclose()`), for every other
 consumer. Like the async generator it replaces: a failure before the first event is raised

@@ -131,3 +131,14 @@ def test_key_limits_overhead_smoke(tmp_path: Path) -> None:
     assert {r["arm"] for r in report["cells"]} == {"off", "memory", "redis"}
     for row in report["cells"]:
         assert row["errors"] == 0 and row["requests"] > 0, row
+
+
+def test_ab_gateway_cpu_small(tmp_path: Path) -> None:
+    """The A/B script on one tree against itself, a few requests: both trees serve every round."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ab_gateway_cpu.py"), str(ROOT), str(ROOT),
+                           "--concurrency", "4", "--requests", "8", "--rounds", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 4 and all("s/1k, added p50" in line for line in rounds), proc.stdout
+    assert proc.stdout.count("MEDIAN ") == 2 and "B below A in" in proc.stdout, proc.stdout
