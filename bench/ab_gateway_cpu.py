@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.arms import Arm, start_upstream, switchyard_config  # noqa: E402
-from bench.common import free_port, spawn, use_uvloop, wait_ready  # noqa: E402
+from bench.arms import Arm, start_switchyard, start_upstream  # noqa: E402
+from bench.common import use_uvloop  # noqa: E402
 from bench.gateway_overhead import closed_loop  # noqa: E402
 
 
@@ -50,13 +50,7 @@ def main() -> None:
 
     try:
         for i, tree in enumerate(args.trees):
-            port, config = free_port(), log_dir / f"tree{i}.toml"
-            config.write_text(switchyard_config(upstream.port, workers=args.workers))
-            server = spawn(f"tree{i}", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-                                        "--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "1"],
-                           port=port, log_dir=log_dir, cwd=tree.resolve())
-            servers.append(server)
-            wait_ready(server, "/health", timeout=90)
+            servers.append(start_switchyard(log_dir, upstream.port, workers=args.workers, tree=tree, name=f"tree{i}"))
         arms = [Arm(f"tree{i}", s.port, "/v1/chat/completions", {}, s) for i, s in enumerate(servers)]
         direct = Arm("direct", upstream.port, "/v1/chat/completions", {}, None)
         for arm in arms:  # warm up: connections, caches

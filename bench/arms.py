@@ -87,14 +87,18 @@ disable = ["builtin"]
 {upstream_backend(upstream_port)}{pool}"""
 
 
-def start_switchyard(log_dir: Path, upstream_port: int, *, keepalive: int | None = None, workers: int = 1) -> Server:
+def start_switchyard(log_dir: Path, upstream_port: int, *, keepalive: int | None = None, workers: int = 1,
+                     tree: Path | None = None, name: str | None = None) -> Server:
+    """`switchyard serve` in front of the upstream; `tree`: the source tree it runs from (its
+    working directory, so `python -m gateway.cli` imports that tree's code), this one by default."""
     port = free_port()
-    config = log_dir / f"switchyard-{workers}w.toml"
+    name = name or arm_name("switchyard", workers)
+    config = log_dir / f"{name}.toml"
     config.write_text(switchyard_config(upstream_port, keepalive=keepalive, workers=workers))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--host", "127.0.0.1",
             "--port", str(port), "--drain-seconds", "1"]
-    server = spawn(arm_name("switchyard", workers), argv, port=port, log_dir=log_dir)
-    wait_ready(server, "/health", timeout=60)
+    server = spawn(name, argv, port=port, log_dir=log_dir, cwd=tree.resolve() if tree is not None else None)
+    wait_ready(server, "/health", timeout=90)
     return server
 
 

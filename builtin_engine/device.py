@@ -87,7 +87,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _compile_needs(device: torch.device) -> str | None:
-    """What compiling the decode step on `device` needs and this machine lacks, or None."""
+    """What compiling the steps on `device` needs and this machine lacks, or None."""
     if device.type == "cuda":
         from kernels._launch import has_triton
 
