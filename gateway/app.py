@@ -19,7 +19,7 @@ from gateway import schemas as S
 from gateway.auth import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
-from gateway.ids import uuid4_hex
+from gateway.ids import request_id_from
 from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
@@ -45,7 +45,7 @@ def _gateway(state: State) -> Gateway:
 async def _before_request(request: Request) -> Response | None:
     if RAISE_IN_HANDLER in request.scope:  # a streamed chat request begun in front (its id and key stand)
         return None
-    request.state.request_id = request.headers.get("x-request-id") or uuid4_hex()
+    request.state.request_id = request_id_from(request.headers)
     request.state.client_key = None
     path = request.url.path
     public = path in PUBLIC_PATHS or path.startswith("/schema")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
 from collections.abc import Callable
 
 import msgspec
@@ -20,6 +19,7 @@ from litestar.exceptions import MethodNotAllowedException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from gateway import messages_api
+from gateway.ids import request_id_from
 from gateway.keys import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from gateway.limits import DeadlineExceeded, ShuttingDown
 from gateway.messages_api.errors import error_response as anthropic_error
@@ -113,7 +113,7 @@ def request_id_of(request: Request) -> str:
     state = request.scope.setdefault("state", {})
     request_id = state.get("request_id")
     if not request_id:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = request_id_from(request.headers)
         state["request_id"] = request_id
     return request_id
 

@@ -5,6 +5,7 @@ time), a response id's `secrets.token_hex` (no `SystemRandom` method calls)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 
 def uuid4_hex() -> str:
@@ -18,3 +19,8 @@ def uuid4_hex() -> str:
 def token_hex(nbytes: int) -> str:
     """`nbytes` random bytes as 2 * `nbytes` lower-case hex digits."""
     return os.urandom(nbytes).hex()
+
+
+def request_id_from(headers: Mapping[str, str]) -> str:
+    """A request's id: the client's `x-request-id`, else a new one."""
+    return headers.get("x-request-id") or uuid4_hex()

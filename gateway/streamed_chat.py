@@ -31,7 +31,7 @@ from gateway import schemas as S
 from gateway.auth import ClientKey, authorization_of
 from gateway.chat_completions import collect, open_stream
 from gateway.http_common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, send_sse, serve_client
-from gateway.ids import uuid4_hex
+from gateway.ids import request_id_from
 from gateway.limits import cap_max_tokens, check_messages
 from gateway.service import Gateway
 from gateway.validation import chat_spec, check_chat
@@ -122,7 +122,7 @@ class StreamedChatFront:
         raw = b"".join(parts)
         spec = None
         if messages[-1]["type"] == "http.request" and b'"stream"' in raw:
-            request_id = headers.get("x-request-id") or uuid4_hex()
+            request_id = request_id_from(headers)
             try:
                 data = _DECODE(raw)
                 if data.stream:
