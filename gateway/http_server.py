@@ -24,6 +24,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
         super().__init__(*args, **kwargs)
         self.open_exchange = getattr(self.app, "open_exchange", None)
         self.chat_path: str | None = getattr(self.app, "path", None) if self.open_exchange is not None else None
+        self.serving: ChatExchange | None = None  # the exchange whose task runs (maybe not `cycle`: pipelining)
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -69,6 +70,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
         if type(cycle) is not ChatExchange:
             super()._start_asgi_task(cycle, app)
             return
+        self.serving = cycle
         run = cycle.run(self.open_exchange)  # type: ignore[arg-type]
         if self.config.reset_contextvars:
             task = self.loop.create_task(run, context=contextvars.Context())
@@ -76,6 +78,16 @@ class ExchangeProtocol(HeadWithBodyProtocol):
             task = self.loop.create_task(run)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # uvicorn tells only the last request read; an exchange answering before a pipelined one is told too
+        serving = self.serving
+        if serving is not None and serving is not self.cycle and not serving.response_complete:
+            serving.disconnected = True
+            serving.message_event.set()
+            if serving.on_disconnect is not None:
+                serving.on_disconnect()
 
 
 def request_target(url: bytes, root_path: str) -> tuple[str, bytes, bytes]:

@@ -172,10 +172,12 @@ def test_one_connection_mixes_the_exchange_and_litestars_routes(gw: GatewayThrea
     assert len(served_by_exchange) == 3
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["alone", "before-a-pipelined-request"])
 def test_a_client_leaving_while_the_stream_waits_for_it_cancels_the_upstream(
-        gw: GatewayThread, upstream: FaultyUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+        gw: GatewayThread, upstream: FaultyUpstream, monkeypatch: pytest.MonkeyPatch, pipelined: bool) -> None:
     """The client reads nothing: the transport pauses writing and the stream waits (flow
-    control); the client then goes away, which ends that wait and the upstream request."""
+    control); the client then goes away, which ends that wait and the upstream request (also
+    when it has sent the next request already: uvicorn tells only that one of the loss)."""
     paused: list[bool] = []
     pause = FlowControl.pause_writing
 
@@ -190,6 +192,7 @@ def test_a_client_leaving_while_the_stream_waits_for_it_cancels_the_upstream(
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", gw.port))
-        sock.sendall(_request(body, headers=f"x-request-id: {request_id}\r\n"))
+        sock.sendall(_request(body, headers=f"x-request-id: {request_id}\r\n")
+                     + (_request(None, path="/v1/models") if pipelined else b""))
         assert wait_until(lambda: bool(paused), timeout=10)
     assert wait_until(lambda: (upstream.request(request_id) or {}).get("outcome") == "client_closed", timeout=10)
