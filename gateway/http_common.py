@@ -177,7 +177,7 @@ def take_watch(scope: Scope | dict[str, Any]) -> DisconnectWatch | None:
 class DisconnectWatch:
     """The client's disconnect watched from the wait for the first event to the end of a
     stream's body. `guard(work)` cancels `work` when the client goes away; between two guards
-    the disconnect is only noted. Behind our own server protocol the request cycle calls it
+    the disconnect is only noted. Behind our own server protocol the request cycle or exchange calls it
     back when the connection is lost; behind any other `receive` one task waits for the
     `http.disconnect` message."""
 
