@@ -44,7 +44,7 @@ class Wire:
             raise ConnectionError("closed by the server")
         self.buf += data
 
-    def _until(self, sep: bytes) -> bytes:
+    def until(self, sep: bytes) -> bytes:
         while sep not in self.buf:
             self._fill()
         out, _, self.buf = self.buf.partition(sep)
@@ -58,11 +58,11 @@ class Wire:
 
     def response(self) -> tuple[bytes, bytes]:
         """The head (without its blank line) and the body, de-chunked."""
-        head = self._until(b"\r\n\r\n")
+        head = self.until(b"\r\n\r\n")
         fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
         if fields.get(b"transfer-encoding") == b"chunked":
             body = b""
-            while size := int(self._until(b"\r\n"), 16):
+            while size := int(self.until(b"\r\n"), 16):
                 body += self._take(size)
                 assert self._take(2) == b"\r\n"
             assert self._take(2) == b"\r\n"
@@ -196,3 +196,20 @@ def test_a_client_leaving_while_the_stream_waits_for_it_cancels_the_upstream(
                      + (_request(None, path="/v1/models") if pipelined else b""))
         assert wait_until(lambda: bool(paused), timeout=10)
     assert wait_until(lambda: (upstream.request(request_id) or {}).get("outcome") == "client_closed", timeout=10)
+
+
+def test_a_body_that_follows_100_continue_in_pieces_is_read(gw: GatewayThread, served_by_exchange: list[bytes]) -> None:
+    """`Expect: 100-continue`: the exchange says continue when it reads the body (as uvicorn's
+    `receive` does), and a body sent after that, in two pieces, is read whole."""
+    payload = json.dumps({**chat("m-vllm", "sent in two pieces"), "stream": True}).encode()
+    wire = _connect(gw)
+    with wire.sock:
+        wire.sock.sendall(b"POST /v1/chat/completions?from=test HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload))
+        assert wire.until(b"\r\n\r\n") == b"HTTP/1.1 100 Continue"
+        wire.sock.sendall(payload[:20])
+        wire.sock.sendall(payload[20:])
+        head, body = wire.response()
+    assert _status(head) == 200 and len(served_by_exchange) == 1
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in data_of(body)[:-1] if e["choices"])
+    assert text == " sent in two pieces"
