@@ -169,10 +169,15 @@ async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,
 _WATCH = "switchyard.disconnect_watch"
 
 
+def take_watch(scope: Scope | dict[str, Any]) -> DisconnectWatch | None:
+    """The disconnect watch `accounted` handed over with a stream it served."""
+    return scope.pop(_WATCH, None)  # type: ignore[misc]
+
+
 class DisconnectWatch:
     """The client's disconnect watched from the wait for the first event to the end of a
     stream's body. `guard(work)` cancels `work` when the client goes away; between two guards
-    the disconnect is only noted. Behind our own server protocol the request cycle calls it
+    the disconnect is only noted. Behind our own server protocol the request cycle or exchange calls it
     back when the connection is lost; behind any other `receive` one task waits for the
     `http.disconnect` message."""
 
@@ -203,18 +208,29 @@ class DisconnectWatch:
     async def guard(self, work: Awaitable[T]) -> T | None:
         """Await `work`, cancelling it (and so the backend's generation) if the client goes
         away first; None then."""
-        task = self._target = asyncio.current_task()
-        assert task is not None
-        if self.gone:  # gone between two guards: `work` starts and is cancelled at its first wait
-            task.cancel()
+        task = self.arm()
         try:
             return await work
         except asyncio.CancelledError:
-            if self.gone and task.uncancel() == 0:
+            if self.absorbs(task):
                 return None
             raise
         finally:
             self._target = None
+
+    def arm(self) -> asyncio.Task[Any]:
+        """The current task is cancelled when the client goes away from now on (at its next
+        wait if it is gone already); `guard` without a coroutine level of its own."""
+        task = self._target = asyncio.current_task()
+        assert task is not None
+        if self.gone:
+            task.cancel()
+        return task
+
+    def absorbs(self, task: asyncio.Task[Any]) -> bool:
+        """On a `CancelledError` in the armed `task`: True when the client's leaving caused it
+        (the task then ends quietly)."""
+        return self.gone and task.uncancel() == 0
 
     def close(self) -> None:
         cycle, self._cycle = self._cycle, None
@@ -230,7 +246,7 @@ async def send_sse(scope: Scope, receive: Receive, send: Send, start: Any, piece
     `DisconnectWatch` (handed over by `accounted`), instead of an anyio task group and a second
     task per stream (6% less gateway CPU per streamed request at 64 streams); a `LastPiece` goes
     out with the end of the response in one write. `start`: the `http.response.start` message."""
-    watch: DisconnectWatch = scope.pop(_WATCH, None) or DisconnectWatch(receive)  # type: ignore[misc]
+    watch = take_watch(scope) or DisconnectWatch(receive)
     try:
         await send(start)
         await watch.guard(_send_pieces(pieces, send))

@@ -50,7 +50,14 @@ class _Collect:
         return self._transport.is_closing()
 
 
-class _HeadWithBodyCycle(RequestResponseCycle):
+class ServerExchange:
+    """A request's server side that calls `on_disconnect` back when its client goes away and
+    writes a streamed body's middle pieces with `write_piece` (see `exchange_of`)."""
+
+    __slots__ = ()
+
+
+class _HeadWithBodyCycle(RequestResponseCycle, ServerExchange):
     """A request cycle whose response head waits for the first body piece (or the end of the
     exchange) to go out with it."""
 
@@ -118,8 +125,8 @@ class HeadWithBodyProtocol(HttpToolsProtocol):
             on_disconnect()
 
 
-def exchange_of(channel: Any) -> _HeadWithBodyCycle | None:
-    """The request cycle behind an ASGI `receive` or `send` that is its own bound method (none
+def exchange_of(channel: Any) -> Any:
+    """The `ServerExchange` behind an ASGI `receive` or `send` that is its own bound method (none
     behind a wrapper: then the ASGI messages are the only way)."""
-    cycle = getattr(channel, "__self__", None)
-    return cycle if type(cycle) is _HeadWithBodyCycle else None
+    exchange = getattr(channel, "__self__", None)
+    return exchange if isinstance(exchange, ServerExchange) else None

@@ -38,7 +38,7 @@ def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list
     `on_ready` is called once it accepts requests."""
     from gateway.app import create_app
     from gateway.auth import Redactor, install_log_redaction
-    from gateway.http_protocol import HeadWithBodyProtocol
+    from gateway.http_server import ExchangeProtocol
     from gateway.streamed_chat import StreamedChatFront
 
     where = "" if worker is None else f" worker {worker}"
@@ -50,7 +50,7 @@ def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list
         host=host,
         port=port,
         loop="uvloop",
-        http=HeadWithBodyProtocol,  # uvicorn's httptools protocol, the head sent with the first body piece
+        http=ExchangeProtocol,  # uvicorn's httptools protocol; the streamed chat route our own exchange
         log_level=config.server.log_level,
         access_log=False,
         proxy_headers=False,  # nothing here reads the client's address: skip X-Forwarded-* parsing per request

@@ -82,6 +82,14 @@ def gw(upstream: FaultyUpstream) -> Iterator[GatewayThread]:
         yield g
 
 
+@pytest.fixture(scope="module")
+def plain_gw(upstream: FaultyUpstream) -> Iterator[GatewayThread]:
+    """The same gateway as `gw` on uvicorn's own protocol, the bare Litestar app: how it answers
+    without our server's direct writes."""
+    with GatewayThread(fault_config(upstream.url, f"http://127.0.0.1:{free_port()}"), plain=True) as g:
+        yield g
+
+
 @pytest.fixture
 def http(gw: GatewayThread) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gw.base, timeout=15) as c:

@@ -14,7 +14,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.http_protocol import HeadWithBodyProtocol
+from gateway.http_server import ExchangeProtocol
 from gateway.serve import DrainingServer
 from gateway.service import Gateway
 from gateway.streamed_chat import StreamedChatFront
@@ -32,8 +32,9 @@ class GatewayThread:
         self.base = f"http://127.0.0.1:{self.port}"
         served: Any = self.app if plain else StreamedChatFront(self.app, self.config.server.max_body_bytes)
         uv = uvicorn.Config(served, host="127.0.0.1", port=self.port, loop="asyncio",
-                            http="httptools" if plain else HeadWithBodyProtocol,
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=drain_s + 5)
+                            http="httptools" if plain else ExchangeProtocol,
+                            log_level="warning", access_log=False, proxy_headers=False,
+                            timeout_graceful_shutdown=drain_s + 5)
         self.server = DrainingServer(uv, drain_s)
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 

@@ -11,7 +11,6 @@ import json
 import re
 import socket
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -25,12 +24,6 @@ from tests.support.probes import wait_until
 from tests.support.server import free_port
 
 _IDS = re.compile(rb'"(?:chatcmpl|cmpl)-[0-9a-f]+"|(?<="created":)\d+')
-
-
-@pytest.fixture(scope="module")
-def plain_gw(upstream: FaultyUpstream) -> Iterator[GatewayThread]:
-    with GatewayThread(fault_config(upstream.url, f"http://127.0.0.1:{free_port()}"), plain=True) as g:
-        yield g
 
 
 @pytest.fixture
