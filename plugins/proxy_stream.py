@@ -102,7 +102,7 @@ class UpstreamEvents:
         backend._open_streams += 1
         self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=backend.name, spec=spec,
                                       content_calls=backend.content_calls(spec))
-        ctype = self._response.headers.get("content-type", "")
+        ctype = self._response.header("content-type")
         if "text/event-stream" in ctype:
             return None
         raw = await backend._read_capped(self._response, deadline, limit=None)
