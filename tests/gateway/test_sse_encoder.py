@@ -49,3 +49,19 @@ def test_text_chunks_are_the_objects_json(model: str, chat: bool, include_usage:
             choice = {"index": index, "delta": {"content": "x"}} if chat else {"index": index, "text": "x"}
             choice |= {"logprobs": msgspec.json.decode(logprobs), "finish_reason": None}
             assert encoder.text(index, "x", logprobs) == _expected(model, chat, usage, choice)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_batch_of_one_token_is_what_the_general_loop_writes(chat: bool) -> None:
+    """`_StreamState.feed` writes a batch of one plain text delta without its loop: the same bytes
+    as the loop gives (the loop runs when a usage event, which writes nothing here, follows)."""
+    from gateway.chat_completions import _StreamState
+    from plugins.protocol import RequestSpec, SamplingParams, TextDelta, TokenLogprob
+
+    spec = RequestSpec(request_id="r", kind="chat" if chat else "completion", model="m", upstream_model="m",
+                       sampling=SamplingParams(n=2))
+    usage = Usage(prompt_tokens=1, completion_tokens=1)
+    for event in [TextDelta(text=" t5", index=0), TextDelta(text="ü%d\n", index=1), TextDelta(text="", index=0),
+                  TextDelta(text="x", index=0, logprobs=[TokenLogprob(token="x", logprob=-0.5)])]:
+        one, looped = (_StreamState(_encoder("m", chat, True), spec) for _ in range(2))
+        assert one.feed([event]) == looped.feed([event, usage])
