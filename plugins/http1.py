@@ -320,6 +320,12 @@ class Response:
         conn.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (or the response is closed): what is left unread of it is
+        dropped by `aclose`, and the connection kept."""
+        return self._conn is None or self._conn.complete
+
     def move_deadline(self, deadline: float) -> None:
         """From an `on_piece` callback: the waiting `next_piece` times out at this later loop
         time instead (the connection's timer reads it when it fires)."""

@@ -133,7 +133,8 @@ class UpstreamEvents:
                     raise held
                 events = self._events_of(held) if isinstance(held, bytes) else held
             if self._norm.done:  # type: ignore[union-attr]
-                await self._backend._drain(self._response)  # type: ignore[arg-type]
+                if not self._response.complete:  # type: ignore[union-attr]
+                    await self._backend._drain(self._response)  # type: ignore[arg-type]
                 return await self._end(events)
             if events:
                 return events

@@ -221,6 +221,37 @@ def test_keep_alive_reuses_one_connection() -> None:
     assert run(main()) == 1
 
 
+@pytest.mark.parametrize("terminator_later", [False, True], ids=["with-done", "after-done"])
+def test_the_connection_is_kept_whether_the_body_ended_with_done_or_after_it(terminator_later: bool) -> None:
+    """`[DONE]` ends the events; the body's end (the chunked terminator) came in the same read,
+    or comes later and is waited for (drained): either way the connection goes back to the pool."""
+    rec = by_event(find("llamacpp", "05_chat_stream_usage"))
+
+    async def handler(received: Received, writer: asyncio.StreamWriter) -> bool:
+        writer.write(http_head(200, "text/event-stream", chunked=True))
+        *chunks, done = rec.chunks
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        writer.write(b"%x\r\n%s\r\n" % (len(done), done))
+        if terminator_later:
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def main() -> int:
+        async with ReplayServer(handler=handler) as server:
+            backend = llamacpp(server.url)
+            for _ in range(3):
+                events = [e async for e in backend.generate(spec())]
+                assert isinstance(events[-1], Usage)
+            await backend.close()
+            return server.connections
+
+    assert run(main()) == 1
+
+
 # -- request bodies -------------------------------------------------------------------------------
 
 
