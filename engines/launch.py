@@ -4,7 +4,8 @@ Used by the proxy plugins (a backend whose options carry a `launch` table starts
 server in `start()` and stops it in `close()`), by the proxy tests' session fixtures, and by
 `scripts/record_upstreams.py`. Each server runs in its own session (process group) so that
 vLLM's engine-core child goes down with it: SIGTERM to the server's PID first, SIGKILL to its
-group only if it has not exited in time.
+group only if it has not exited in time. If the starting process dies without stopping it,
+`engines.reaper` ends the group.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines import install
+from engines import install, reaper
 
 
 class EngineStartError(Exception):
@@ -80,6 +81,7 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        reaper.unwatch(self.proc.pid)
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
@@ -97,6 +99,7 @@ def _spawn(name: str, argv: list[str], *, host: str, port: int, env: dict[str, s
     preexec = (lambda: os.nice(nice)) if nice else None
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                             start_new_session=True, preexec_fn=preexec)
+    reaper.watch(proc.pid)  # its own session: ended by the reaper if this process dies without `stop()`
     return ServerProcess(name=name, proc=proc, base_url=f"http://{host}:{port}", log_path=log_path, argv=argv,
                          _log_file=log)
 
