@@ -64,6 +64,8 @@ class _StreamState:
         return b"".join(self.encoder.role(i) for i in range(self.n))
 
     def feed(self, batch: list[Event]) -> bytes:
+        if len(batch) == 1 and type(event := batch[0]) is TextDelta and event.text and event.logprobs is None:
+            return self.encoder.text(event.index, event.text)  # one plain token (most batches): what the loop gives
         parts: list[bytes] = []
         last = len(batch) - 1
         skip_next = False

@@ -1,7 +1,8 @@
 """Server-Sent Events for chat and legacy completion streams.
 
 `ChunkEncoder` pre-encodes the part of every chunk that is the same for the whole request (id,
-created, model, fingerprint) once, so each delta costs one small string encode and a join.
+created, model, fingerprint) once, so each delta costs one small string encode and a join; a
+plain text delta (no logprobs, not the last) one encode and one `%` into a whole-chunk template.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def chat_logprobs_json(logprobs: list[TokenLogprob] | None) -> bytes:
 class ChunkEncoder:
     """Encodes `chat.completion.chunk` or `text_completion` stream events for one request."""
 
+    __slots__ = ("chat", "_reasoning_keys", "_head", "_tail", "_plain_text")
+
     def __init__(self, *, id: str, created: int, model: str, fingerprint: str, chat: bool, include_usage: bool,
                  reasoning_field: str = "both") -> None:
         obj = b"chat.completion.chunk" if chat else b"text_completion"
@@ -64,7 +67,13 @@ class ChunkEncoder:
             + _encode(fingerprint)
             + b',"choices":['
         )
-        self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        self._set_tail(b'],"usage":null}\n\n' if include_usage else b"]}\n\n")
+
+    def _set_tail(self, tail: bytes) -> None:
+        self._tail = tail
+        choice = b'{"index":%d,"delta":{"content":%b}' if self.chat else b'{"index":%d,"text":%b'
+        self._plain_text = (self._head.replace(b"%", b"%%") + choice + b',"logprobs":null,"finish_reason":null}'
+                            + tail.replace(b"%", b"%%"))
 
     def role(self, index: int) -> bytes:
         return (
@@ -74,6 +83,8 @@ class ChunkEncoder:
         )
 
     def text(self, index: int, text: str, logprobs: bytes = b"null", finish: str | None = None) -> bytes:
+        if text and finish is None and logprobs == b"null":
+            return self._plain_text % (index, _encode(text))
         if self.chat:
             delta = b'{"content":' + _encode(text) + b"}" if text else b"{}"
             choice = b'{"index":%d,"delta":' % index + delta
@@ -83,7 +94,7 @@ class ChunkEncoder:
 
     def set_usage(self, usage: Usage) -> None:
         """`stream_options.continuous_usage_stats`: the chunks from now on carry this usage."""
-        self._tail = b'],"usage":' + usage_json(usage) + b"}\n\n"
+        self._set_tail(b'],"usage":' + usage_json(usage) + b"}\n\n")
 
     def reasoning(self, index: int, text: str) -> bytes:
         value = _encode(text)

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import httptools
 
 READ_HIGH_WATER = 1 << 20  # unread body bytes at which reading from the socket pauses
+MAX_REQUEST_HEADS = 64  # (method, path) pairs whose request head a pool keeps made
 
 
 class HTTPError(Exception):
@@ -268,7 +269,24 @@ class Response:
     def __init__(self, conn: _Connection) -> None:
         self._conn: _Connection | None = conn
         self.status = conn.status
-        self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in conn.raw_headers}
+        self._raw_headers = conn.raw_headers
+        self._headers: dict[str, str] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Every header by its lower-case name (the last of a repeated one)."""
+        if self._headers is None:
+            self._headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._raw_headers}
+        return self._headers
+
+    def header(self, name: str, default: str = "") -> str:
+        """`headers.get(name, default)` (`name` in lower case), without decoding the others."""
+        key = name.encode("latin-1")
+        found = None
+        for raw_name, value in self._raw_headers:
+            if raw_name.lower() == key:
+                found = value
+        return default if found is None else found.decode("latin-1")
 
     async def next_piece(self, deadline: float | None = None,
                          on_piece: Callable[[bytes], bool] | None = None) -> bytes | None:
@@ -301,6 +319,12 @@ class Response:
         pieces, conn.pieces, conn.buffered = conn.pieces, [], 0
         conn.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (or the response is closed): what is left unread of it is
+        dropped by `aclose`, and the connection kept."""
+        return self._conn is None or self._conn.complete
 
     def move_deadline(self, deadline: float) -> None:
         """From an `on_piece` callback: the waiting `next_piece` times out at this later loop
@@ -346,6 +370,7 @@ class Pool:
         authority = host if self.port == default_port else f"{host}:{self.port}"
         fields = {"host": authority, **{k.lower(): v for k, v in (headers or {}).items()}}
         self._head_fields = _header_block(fields)
+        self._request_heads: dict[tuple[str, str], bytes] = {}  # (method, path) -> request line and fixed fields
         self.max_idle = max_idle
         self.idle_expiry_s = idle_expiry_s
         self.connect_timeout_s = connect_timeout_s
@@ -398,10 +423,15 @@ class Pool:
             raise PoolTimeout("every connection stayed busy") from None
 
     def _message(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
-        head = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode())
+        head = self._request_heads.get((method, path))
+        if head is None:
+            head = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode()) + self._head_fields
+            if len(self._request_heads) < MAX_REQUEST_HEADS:
+                self._request_heads[method, path] = head
         extra = _header_block(headers) if headers else b""
-        length = b"content-length: %d\r\n" % len(body) if body or method in ("POST", "PUT", "PATCH") else b""
-        return head + self._head_fields + extra + length + b"\r\n" + body
+        if body or method in ("POST", "PUT", "PATCH"):
+            return b"%b%bcontent-length: %d\r\n\r\n%b" % (head, extra, len(body), body)
+        return head + extra + b"\r\n"
 
     async def _connection(self, deadline: float | None) -> _Connection:
         now = time.monotonic()
@@ -473,9 +503,8 @@ class Pool:
 
 
 def _header_block(fields: dict[str, str]) -> bytes:
-    lines = []
-    for name, value in fields.items():
-        if any(c in name or c in value for c in "\r\n"):
-            raise ValueError(f"header {name!r} holds a line break")
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines).encode("latin-1")
+    block = "".join([f"{name}: {value}\r\n" for name, value in fields.items()])
+    if block.count("\n") != len(fields) or block.count("\r") != len(fields):
+        name = next(name for name, value in fields.items() if any(c in name or c in value for c in "\r\n"))
+        raise ValueError(f"header {name!r} holds a line break")
+    return block.encode("latin-1")

@@ -49,7 +49,7 @@ EventSink = Callable[[list[Event]], bool]  # False: it takes no more (control ba
 
 class UpstreamEvents:
     __slots__ = ("_backend", "_spec", "_replica", "_response", "_body", "_norm", "_parser", "_pending", "_ended",
-                 "_closed", "_unread", "_sink", "_held", "_on_piece")
+                 "_closed", "_unread", "_sink", "_held")
 
     def __init__(self, backend: ProxyBackend, spec: RequestSpec) -> None:
         self._backend = backend
@@ -65,7 +65,6 @@ class UpstreamEvents:
         self._unread: list[Event] = []  # what `__anext__` has not handed out yet
         self._sink: EventSink | None = None
         self._held: bytes | list[Event] | Exception | None = None  # what stopped the pushing
-        self._on_piece = self._push  # (one bound method, not one per wait)
 
     async def next_batch(self, sink: EventSink | None = None) -> list[Event] | None:
         """The events of the next upstream read(s), at least one (waiting for them); None once
@@ -102,7 +101,7 @@ class UpstreamEvents:
         backend._open_streams += 1
         self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=backend.name, spec=spec,
                                       content_calls=backend.content_calls(spec))
-        ctype = self._response.headers.get("content-type", "")
+        ctype = self._response.header("content-type")
         if "text/event-stream" in ctype:
             return None
         raw = await backend._read_capped(self._response, deadline, limit=None)
@@ -119,7 +118,9 @@ class UpstreamEvents:
         assert body is not None
         self._sink = sink
         while True:
-            piece = await body.next(self._on_piece if sink is not None else None)
+            # (a bound method per wait: one kept in an attribute would make this object a reference
+            # cycle, left with all it holds to the cyclic GC)
+            piece = await body.next(self._push if sink is not None else None)
             if piece is None:
                 return await self._end([])
             if piece:
@@ -132,7 +133,8 @@ class UpstreamEvents:
                     raise held
                 events = self._events_of(held) if isinstance(held, bytes) else held
             if self._norm.done:  # type: ignore[union-attr]
-                await self._backend._drain(self._response)  # type: ignore[arg-type]
+                if not self._response.complete:  # type: ignore[union-attr]
+                    await self._backend._drain(self._response)  # type: ignore[arg-type]
                 return await self._end(events)
             if events:
                 return events

@@ -101,13 +101,12 @@ class SSEParser:
             if piece[0] == 0xEF:  # a BOM (or the start of one) to strip: the line machinery does it
                 return None
             self._first_line = False
-        if b"\r" in piece or not piece.endswith(b"\n\n"):
+        if b"\r" in piece or not piece.startswith(b"data: ") or not piece.endswith(b"\n\n"):
             return None
-        parts = piece[:-2].split(b"\n\n")
-        for part in parts:
-            if not part.startswith(b"data: ") or b"\n" in part:
-                return None
-        return [part[6:] for part in parts]
+        datas = piece[6:-2].split(b"\n\ndata: ")
+        if piece.count(b"\n") != 2 * len(datas):  # a line end besides the events' own: a line of another kind
+            return None
+        return datas
 
     def close(self) -> list[SSEEvent]:
         """End of stream. A final line without its terminator is still a line, but an event

@@ -171,13 +171,11 @@ def _logprobs(raw: Any) -> list[TokenLogprob] | None:
     return None
 
 
-def _stop_string(choice: dict, chunk: dict) -> str | None:
+def _stop_string(matched: Any, verbose: Any) -> str | None:
     """The stop string that ended a choice: vLLM's `stop_reason` (a string; a stop token id is
     an int), or llama.cpp's `__verbose.stopping_word` (sent when the request has `verbose`)."""
-    matched = choice.get("stop_reason")
     if isinstance(matched, str) and matched:
         return matched
-    verbose = chunk.get("__verbose")
     if isinstance(verbose, dict) and verbose.get("stop_type") == "word":
         word = verbose.get("stopping_word")
         return word if isinstance(word, str) and word else None
@@ -197,6 +195,37 @@ def usage_from(raw: dict, timings: Any = None) -> Usage:
         cached_tokens=None if cached is None else int(cached),
         reasoning_tokens=int(reasoning) if isinstance(reasoning, int) else None,
     )
+
+
+class _Delta(msgspec.Struct):
+    content: Any = None
+    reasoning: Any = None
+    reasoning_content: Any = None
+    tool_calls: Any = None
+
+
+class _Choice(msgspec.Struct):
+    index: Any = 0
+    delta: _Delta | None = None
+    message: Any = None
+    text: Any = None
+    logprobs: Any = None
+    finish_reason: Any = None
+    stop_reason: Any = None
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a stream chunk the normalizer reads, decoded straight into attributes; a
+    chunk that does not fit (a `choices` that is not a list of objects...) is read as a dict."""
+
+    choices: list[_Choice] | None = None
+    usage: Any = None
+    timings: Any = None
+    error: Any = msgspec.UNSET
+    verbose: Any = msgspec.field(default=None, name="__verbose")
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 
 class StreamNormalizer:
@@ -228,10 +257,25 @@ class StreamNormalizer:
             self.done = True
             return []
         try:
+            chunk = _decode_chunk(data)
+        except msgspec.DecodeError:  # not JSON, or not of a chunk's usual shape
+            chunk = None
+        if chunk is not None and (chunk.error is msgspec.UNSET or chunk.choices):  # (an error event: as a dict)
+            try:
+                events = self._feed_chunk(chunk)
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+                raise self._shape_error(exc) from None
+            if events is not None:
+                return events
+        return self._feed_json(data)
+
+    def _feed_json(self, data: str | bytes) -> list[Event]:
+        """`feed_data` for whatever JSON the data holds (as a dict, checked field by field)."""
+        try:
             obj = _json_decode(data)
         except msgspec.DecodeError:
             if type(data) is bytes:  # as text (bad UTF-8 replaced, as SSE reads it), or its error
-                return self.feed_data(data.decode("utf-8", errors="replace"))
+                return self._feed_json(data.decode("utf-8", errors="replace"))
             raise UpstreamError(f"Backend `{self.backend}` sent an event that is not JSON: {data[:200]!r}",
                                 kind="bad_gateway") from None
         if not isinstance(obj, dict):
@@ -245,8 +289,11 @@ class StreamNormalizer:
         try:
             return self._feed(obj)
         except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
-            raise UpstreamError(f"Backend `{self.backend}` sent a chunk of an unexpected shape "
-                                f"({type(exc).__name__}: {exc}).", kind="bad_gateway") from None
+            raise self._shape_error(exc) from None
+
+    def _shape_error(self, exc: Exception) -> UpstreamError:
+        return UpstreamError(f"Backend `{self.backend}` sent a chunk of an unexpected shape "
+                             f"({type(exc).__name__}: {exc}).", kind="bad_gateway")
 
     def _feed(self, obj: dict) -> list[Event]:
         if "error" in obj and not obj.get("choices"):
@@ -254,43 +301,88 @@ class StreamNormalizer:
         events: list[Event] = []
         for choice in obj.get("choices") or ():
             index = choice.get("index", 0)
-            if not isinstance(index, int) or index in self.finished:
+            if not self._takes(index):
                 continue
-            if index >= self.n:
-                raise UpstreamError(f"Backend `{self.backend}` sent choice {index} of {self.n}.", kind="bad_gateway")
             if self.chat:
                 delta = choice.get("delta") or choice.get("message") or {}
                 text = delta.get("content")
                 # vLLM >= 0.10 names it `reasoning`; llama.cpp, DeepSeek and older vLLM `reasoning_content`
                 reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-                if isinstance(reasoning, str) and reasoning:
-                    events.append(ReasoningDelta(text=reasoning, index=index))
                 calls = delta.get("tool_calls")
-                if calls:
-                    events += self._tool_calls(index, calls)
             else:
-                text = choice.get("text")
-            raw_logprobs = choice.get("logprobs")
-            logprobs = None if raw_logprobs is None else _logprobs(raw_logprobs)
-            reason = choice.get("finish_reason")
-            if self.chat and self.content_calls is not None:
-                text = self._content_calls(index, text or "", events, ended=bool(reason))
-            if text or logprobs:
-                events.append(TextDelta(text=text or "", index=index, logprobs=logprobs))
-            if reason:
-                reason = self._reason(reason)
-                parser = self.content_parsers.get(index)
-                if reason == "stop" and parser is not None and parser.num_calls and parser.calls_finish_as_tool_calls:
-                    reason = "tool_calls"
-                stop_sequence = _stop_string(choice, obj) if reason == "stop" else None
-                events.append(Finish(reason=reason, index=index, stop_sequence=stop_sequence))  # type: ignore[arg-type]
-                self.finished.add(index)
-        usage = obj.get("usage")
+                text, reasoning, calls = choice.get("text"), None, None
+            ending = _Choice(logprobs=choice.get("logprobs"), finish_reason=choice.get("finish_reason"),
+                             stop_reason=choice.get("stop_reason"))
+            self._choice(events, index, text, reasoning, calls, ending, obj.get("__verbose"))
+        self._usage(events, obj.get("usage"), obj.get("timings"))
+        return events
+
+    def _feed_chunk(self, chunk: _Chunk) -> list[Event] | None:
+        """`_feed` for a chunk decoded into `_Chunk` (the same events, without a dict per
+        object); None when it must be read as a dict after all (a chat choice with a `message`)."""
+        choices = chunk.choices or ()
+        chat = self.chat
+        if chat:
+            for choice in choices:
+                if choice.message is not None:
+                    return None  # (read only when `delta` is empty: a dict tells)
+        events: list[Event] = []
+        plain = self.content_calls is None
+        for choice in choices:
+            index = choice.index
+            if not self._takes(index):
+                continue
+            if not chat:
+                self._choice(events, index, choice.text, None, None, choice, chunk.verbose)
+            elif (delta := choice.delta) is None:
+                self._choice(events, index, None, None, None, choice, chunk.verbose)
+            elif (plain and delta.reasoning is None and delta.reasoning_content is None and delta.tool_calls is None
+                  and choice.logprobs is None and not choice.finish_reason):
+                if text := delta.content:  # a plain token (almost every chunk): `_choice` would give this
+                    events.append(TextDelta(text=text, index=index))
+            else:
+                self._choice(events, index, delta.content, delta.reasoning or delta.reasoning_content, delta.tool_calls,
+                             choice, chunk.verbose)
+        if chunk.usage is not None:
+            self._usage(events, chunk.usage, chunk.timings)
+        return events
+
+    def _takes(self, index: Any) -> bool:
+        """Whether a choice at `index` is read (not one that finished already)."""
+        if not isinstance(index, int) or index in self.finished:
+            return False
+        if index >= self.n:
+            raise UpstreamError(f"Backend `{self.backend}` sent choice {index} of {self.n}.", kind="bad_gateway")
+        return True
+
+    def _choice(self, events: list[Event], index: int, text: Any, reasoning: Any, calls: Any, choice: _Choice,
+                verbose: Any) -> None:
+        """One choice's events from its text (or completion text), reasoning, tool calls, and
+        `choice`'s logprobs, finish reason and stop reason (llama.cpp's in the chunk's `verbose`)."""
+        raw_logprobs, reason = choice.logprobs, choice.finish_reason
+        if isinstance(reasoning, str) and reasoning:
+            events.append(ReasoningDelta(text=reasoning, index=index))
+        if calls:
+            events += self._tool_calls(index, calls)
+        logprobs = None if raw_logprobs is None else _logprobs(raw_logprobs)
+        if self.chat and self.content_calls is not None:
+            text = self._content_calls(index, text or "", events, ended=bool(reason))
+        if text or logprobs:
+            events.append(TextDelta(text=text or "", index=index, logprobs=logprobs))
+        if reason:
+            reason = self._reason(reason)
+            parser = self.content_parsers.get(index)
+            if reason == "stop" and parser is not None and parser.num_calls and parser.calls_finish_as_tool_calls:
+                reason = "tool_calls"
+            stop_sequence = _stop_string(choice.stop_reason, verbose) if reason == "stop" else None
+            events.append(Finish(reason=reason, index=index, stop_sequence=stop_sequence))  # type: ignore[arg-type]
+            self.finished.add(index)
+
+    def _usage(self, events: list[Event], usage: Any, timings: Any) -> None:
         if isinstance(usage, dict):
-            self.usage = usage_from(usage, obj.get("timings"))
+            self.usage = usage_from(usage, timings)
             if self.spec is not None and self.spec.continuous_usage_stats:
                 events.append(self.usage)
-        return events
 
     def _content_calls(self, index: int, text: str, events: list[Event], *, ended: bool) -> str:
         """Content read as tool calls (`content_calls`): the calls go into `events`; what is

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 
@@ -55,3 +56,21 @@ def test_ids_on_the_wire(http: httpx.Client) -> None:
     assert len(chunk_ids) == 1 and re.fullmatch(r"chatcmpl-[0-9a-f]{24}", chunk_ids.pop())
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", plain.json()["id"])
     assert re.fullmatch(r"cmpl-[0-9a-f]{24}", legacy.json()["id"])
+
+
+def test_a_forked_child_makes_ids_of_its_own() -> None:
+    """The ids come from a batch of random bytes read at once: a forked child (a worker started
+    by fork) must not hand out the bytes its parent still holds."""
+    uuid4_hex()  # the parent holds a batch with unused bytes
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(read_end)
+        os.write(write_end, " ".join(uuid4_hex() for _ in range(50)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        child = pipe.read().decode().split()
+    os.waitpid(pid, 0)
+    parent = [uuid4_hex() for _ in range(50)]
+    assert len(child) == 50 and not set(child) & set(parent)

@@ -4,6 +4,7 @@ framings, keep-alive and its expiry, back-pressure, the pool limit, deadlines, f
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -136,9 +137,77 @@ def test_request_line_headers_and_body_go_out_as_given() -> None:
     assert headers["host"].startswith("127.0.0.1:") and body == b'{"a":1}'
 
 
+def test_requests_are_these_bytes_on_the_wire() -> None:
+    """The request head (line, the pool's fields, the request's, the length) byte for byte, for
+    the first request to a path and the later ones (whose head the pool keeps made)."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [int(line[16:]) for line in head.split(b"\r\n") if line.startswith(b"content-length: ")]
+            seen.append(head + await reader.readexactly(length[0] if length else 0))
+            writer.write(SIZED)
+            await writer.drain()
+
+    async def main() -> str:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url + "/prefix/", headers={"User-Agent": "ua", "x-fixed": "1"})
+            for method, path, body, headers in [
+                ("POST", "/v1/x", b'{"a":1}', {"content-type": "application/json", "x-request-id": "r1"}),
+                ("POST", "/v1/x", b'{"b":2}', {"content-type": "application/json", "x-request-id": "r2"}),
+                ("POST", "/v1/x", b"", None),
+                ("GET", "/v1/models", b"", None),
+                ("GET", "/v1/models", b"", {"x-request-id": "r3"}),
+            ]:
+                resp = await pool.request(method, path, body, headers)
+                await resp.read()
+                await resp.aclose()
+            await pool.aclose()
+            return server.url.removeprefix("http://")
+
+    host = run(main()).encode()
+    fixed = b"host: " + host + b"\r\nuser-agent: ua\r\nx-fixed: 1\r\n"
+    assert seen == [
+        b"POST /prefix/v1/x HTTP/1.1\r\n" + fixed + b"content-type: application/json\r\nx-request-id: r1\r\n"
+        b'content-length: 7\r\n\r\n{"a":1}',
+        b"POST /prefix/v1/x HTTP/1.1\r\n" + fixed + b"content-type: application/json\r\nx-request-id: r2\r\n"
+        b'content-length: 7\r\n\r\n{"b":2}',
+        b"POST /prefix/v1/x HTTP/1.1\r\n" + fixed + b"content-length: 0\r\n\r\n",
+        b"GET /prefix/v1/models HTTP/1.1\r\n" + fixed + b"\r\n",
+        b"GET /prefix/v1/models HTTP/1.1\r\n" + fixed + b"x-request-id: r3\r\n\r\n",
+    ]
+
+
 def test_header_values_cannot_smuggle_lines() -> None:
     with pytest.raises(ValueError, match="line break"):
         http1.Pool("http://127.0.0.1:1", headers={"x": "a\r\nevil: 1"})
+    for name, value in [("x", "a\nb"), ("x", "a\rb"), ("x\n", "a"), ("x", "\r\n")]:
+        with pytest.raises(ValueError, match=re.escape(f"header {name!r} holds a line break")):
+            http1.Pool("http://127.0.0.1:1")._message("POST", "/", b"", {"ok": "1", name: value})
+
+
+def test_response_headers_by_name() -> None:
+    """`header(name)` is what `headers` has under that name: matched whatever the case it was
+    sent in, the last of a repeated one, the default when absent."""
+
+    async def main() -> tuple[dict[str, str], list[str]]:
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Twice: 1\r\nx-twice: 2\r\nX-Odd: \xe9\r\n"
+                b"content-length: 2\r\n\r\nok")
+        async with Server(answering(head)) as server:
+            pool = http1.Pool(server.url)
+            resp = await pool.request("GET", "/")
+            found = [resp.header(name) for name in ("content-type", "x-twice", "x-odd", "x-none")]
+            found.append(resp.header("x-none", "absent"))
+            headers = resp.headers
+            await resp.read()
+            await resp.aclose()
+            await pool.aclose()
+            return headers, found
+
+    headers, found = run(main())
+    assert found == ["text/plain", "2", "\xe9", "", "absent"]
+    assert [headers.get(name, "") for name in ("content-type", "x-twice", "x-odd", "x-none")] == found[:4]
 
 
 def test_reading_pauses_at_the_high_water_mark_and_resumes(monkeypatch: pytest.MonkeyPatch) -> None:

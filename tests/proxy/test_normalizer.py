@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from gateway.errors import error_payload
@@ -264,3 +265,74 @@ def test_raw_data_bytes_errors_read_as_their_text() -> None:
         messages.append(info.value.message)
     assert messages[0] == messages[1]
     assert parser.whole_data(b"data: x\r\n\r\n") is None and parser.whole_data(b"event: e\ndata: x\n\n") is None
+
+
+ODD_CHUNKS = [
+    '{"choices":[{"index":0,"delta":{},"message":{"content":"m"}}]}',
+    '{"choices":[{"index":0,"delta":{"content":"d"},"message":{"content":"m"}}]}',
+    '{"choices":[{"index":0,"delta":{"content":null},"message":{"content":"m"}}]}',
+    '{"choices":[{"index":0,"delta":null}]}', '{"choices":[{"index":0}]}', '{"choices":[]}', '{}',
+    '{"choices":[{"index":"0","delta":{"content":"x"}}]}', '{"choices":[{"index":null,"delta":{"content":"x"}}]}',
+    '{"choices":[{"index":true,"delta":{"content":"x"}}]}', '{"choices":[{"index":5,"delta":{"content":"x"}}]}',
+    '{"choices":[{"index":[0],"delta":{"content":"x"}}]}', '{"choices":[{"delta":{"content":"no index"}}]}',
+    '{"choices":{"a":1}}', '{"choices":"abc"}', '{"choices":[1]}', '{"choices":null}',
+    '{"choices":[{"delta":"x"}]}', '{"choices":[{"delta":[]}]}', '{"choices":[{"delta":{"content":5}}]}',
+    '{"choices":[{"delta":{"content":""}}]}',
+    '{"error":{"message":"boom","code":503}}', '{"error":null}', '{"error":"x","choices":[]}',
+    '{"error":"x","choices":[{"delta":{"content":"a"}}]}', '[1,2]', '"str"', '5', 'null', '{"choices":[{}]',
+    '{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop","stop_reason":"END"}]}',
+    '{"choices":[{"index":0,"delta":{},"finish_reason":"stop","stop_reason":7}],"__verbose":'
+    '{"stop_type":"word","stopping_word":"##"}}',
+    '{"choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}', '{"choices":[{"delta":{},"finish_reason":["x"]}]}',
+    '{"choices":[{"delta":{},"finish_reason":"length"}]}', '{"choices":[{"delta":{},"finish_reason":"weird"}]}',
+    '{"choices":[{"delta":{},"finish_reason":""}]}',
+    '{"choices":[{"delta":{"content":"a"},"logprobs":{"content":[{"token":"a","logprob":-1,"top_logprobs":[]}]}}]}',
+    '{"choices":[{"delta":{"content":"a"},"logprobs":{"content":[1]}}]}', '{"choices":[{"delta":{},"logprobs":"x"}]}',
+    '{"choices":[{"delta":{"reasoning":"r"}}]}', '{"choices":[{"delta":{"reasoning_content":"r2"}}]}',
+    '{"choices":[{"delta":{"reasoning":"","reasoning_content":"r3"}}]}', '{"choices":[{"delta":{"reasoning":5}}]}',
+    '{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{}"}}]}}]}',
+    '{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":{"a":1}}}]}}]}',
+    '{"choices":[{"delta":{"tool_calls":{"x":1}}}]}', '{"choices":[{"delta":{"tool_calls":[]}}]}',
+    '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},"timings":{"cache_n":1}}',
+    '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":2},'
+    '"completion_tokens_details":{"reasoning_tokens":1}}}',
+    '{"choices":[],"usage":"x"}', '{"choices":[],"usage":{"prompt_tokens":"x"}}', '{"usage":null}',
+    '{"choices":[{"index":0,"text":"t","finish_reason":null}]}', '{"choices":[{"text":5}]}',
+    '{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{},"message":{"content":"m"}}]}',
+    '{"choices":[{"index":0,"delta":{"content":"a"}}],"choices":[]}',
+]
+
+
+def _outcome(norm: StreamNormalizer, feed, data) -> tuple:
+    try:
+        events = [msgspec.structs.replace(e, id="call_made_up") if isinstance(e, ToolCallDelta) and e.id
+                  and e.id.startswith("call_") and e.id.encode() not in data else e for e in feed(data)]
+    except SwitchyardError as exc:
+        events = f"{type(exc).__name__}: {exc.message}"
+    return events, set(norm.finished), norm.usage, norm.done, dict(norm.tool_named)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("data", ODD_CHUNKS + [b'{"id":"\xff","choices":[{"delta":{"content":"a\xffb"},"text":"\xff"}]}'])
+def test_chunks_read_as_attributes_or_as_dicts_normalize_alike(kind: str, data: str | bytes) -> None:
+    """`feed_data` reads a chunk of the usual shape straight into attributes (`_Chunk`), anything
+    else as a dict: both give the same events, errors and state, whatever the chunk holds."""
+    spec = RequestSpec(request_id="t", kind=kind, model="m", upstream_model="m",  # type: ignore[arg-type]
+                       sampling=SamplingParams(n=2), continuous_usage_stats=True)
+    outcomes = []
+    for read_as_dict in (False, True):
+        norm = StreamNormalizer(kind=kind, n=2, backend="b", spec=spec)
+        feed = norm._feed_json if read_as_dict else norm.feed_data
+        outcomes.append(_outcome(norm, feed, data.encode() if isinstance(data, str) else data))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("rec", STREAMS, ids=lambda r: r.id)
+def test_recorded_streams_read_as_attributes_or_as_dicts_normalize_alike(rec: Recording) -> None:
+    outcomes = []
+    for read_as_dict in (False, True):
+        norm = StreamNormalizer(kind=rec.kind, n=_n(rec), backend="b", spec=_spec(rec))
+        feed = norm._feed_json if read_as_dict else norm.feed_data
+        outcomes.append([_outcome(norm, feed, sse.data.encode()) for sse in SSEParser().feed(rec.body)
+                         if sse.data != "[DONE]"])
+    assert outcomes[0] == outcomes[1]

@@ -23,7 +23,7 @@ from plugins.proxy import ProxyBackend
 from plugins.proxy_options import TimeoutOptions
 from plugins.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.recordings import Recording, find
-from tests.proxy.replay import Received, ReplayServer, http_head, replay, write_recording
+from tests.proxy.replay import Handler, Received, ReplayServer, http_head, replay, write_recording
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -206,11 +206,9 @@ def test_closing_the_iterator_closes_the_upstream_connection() -> None:
     run(main())
 
 
-def test_keep_alive_reuses_one_connection() -> None:
-    rec = by_event(find("llamacpp", "05_chat_stream_usage"))
-
+def _connections_for_three_streams(handler: Handler) -> int:
     async def main() -> int:
-        async with ReplayServer(handler=replay(rec)) as server:
+        async with ReplayServer(handler=handler) as server:
             backend = llamacpp(server.url)
             for _ in range(3):
                 events = [e async for e in backend.generate(spec())]
@@ -218,7 +216,33 @@ def test_keep_alive_reuses_one_connection() -> None:
             await backend.close()
             return server.connections
 
-    assert run(main()) == 1
+    return run(main())
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    assert _connections_for_three_streams(replay(by_event(find("llamacpp", "05_chat_stream_usage")))) == 1
+
+
+@pytest.mark.parametrize("terminator_later", [False, True], ids=["with-done", "after-done"])
+def test_the_connection_is_kept_whether_the_body_ended_with_done_or_after_it(terminator_later: bool) -> None:
+    """`[DONE]` ends the events; the body's end (the chunked terminator) came in the same read,
+    or comes later and is waited for (drained): either way the connection goes back to the pool."""
+    rec = by_event(find("llamacpp", "05_chat_stream_usage"))
+
+    async def handler(received: Received, writer: asyncio.StreamWriter) -> bool:
+        writer.write(http_head(200, "text/event-stream", chunked=True))
+        *chunks, done = rec.chunks
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        writer.write(b"%x\r\n%s\r\n" % (len(done), done))
+        if terminator_later:
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    assert _connections_for_three_streams(handler) == 1
 
 
 # -- request bodies -------------------------------------------------------------------------------

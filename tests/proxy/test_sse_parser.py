@@ -69,3 +69,30 @@ def test_comments_bom_and_multiline_data() -> None:
     multi = parse([b"event: error\ndata: {\"a\":\ndata: 1}\nid: 7\n\n"])
     assert multi == [SSEEvent('{"a":\n1}', event="error", id="7")]
     assert parse([b"data: unterminated"]) == []  # no blank line: discarded at close
+
+
+def _line_machinery(piece: bytes) -> list[SSEEvent]:
+    """What the line machinery alone makes of `piece` (`whole_data` bypassed)."""
+    parser = SSEParser()
+    parser.whole_data = lambda piece: None  # type: ignore[method-assign]
+    return parser.feed(piece)
+
+
+@pytest.mark.parametrize("piece", [
+    b"data: a\n\n", b"data: \n\n", b"data: a\n\ndata: b\n\n", b"data: a\n\ndata: \n\ndata: c\n\n",
+    b"data: data: x\n\n", b'data: {"t":"\\n\\ndata: "}\n\n',
+    b"data: a\n\n\n", b"data: a\ndata: b\n\n", b"data: a\n\ndata:b\n\n", b"data: a\n\n: ping\n\n",
+    b"data: x\n\ndata: y\nid: 3\n\n", b"data:x\n\n", b"data: a\n\ndata: b\n", b"data: a\n\n\ndata: b\n\n",
+    b"\n\ndata: a\n\n", b"data: a\r\n\r\n", b"event: e\ndata: x\n\n", b"data: a\n\nevent: e\n\n",
+])
+def test_the_fast_path_reads_what_the_lines_say(piece: bytes) -> None:
+    """`whole_data` answers only for pieces of whole one-line `data:` events, and then with the
+    data the line machinery reads; anything else is left to it (None)."""
+    events = _line_machinery(piece)
+    plain = piece.endswith(b"\n\n") and all(e.event == "message" and "\n" not in e.data for e in events)
+    datas = SSEParser().whole_data(piece)
+    if datas is not None:
+        assert plain and datas == [e.data.encode() for e in events]
+        assert piece == b"".join(b"data: " + d + b"\n\n" for d in datas)
+    elif events and piece == b"".join(b"data: " + e.data.encode() + b"\n\n" for e in events):
+        raise AssertionError("plain one-line data events left to the line machinery")
