@@ -3,7 +3,6 @@ cancellation of the backend when the client goes away."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
