@@ -9,7 +9,6 @@ OpenAI-compatible one) sent them.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
