@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from gateway.http_protocol import BODY_WRITER, ServerExchange, _HeadWithBodyCycle
+from gateway.http_protocol import BODY_WRITER, ServerExchange, _HeadWithBodyCycle, begin_scope
 from gateway.serving import LastPiece
 
 if TYPE_CHECKING:
@@ -110,15 +110,10 @@ class ChatExchange(ServerExchange):
 
     def scope(self) -> dict[str, Any]:
         """The ASGI scope uvicorn's protocol builds for this request."""
-        protocol = self._protocol
         path, raw_path, query = self._target
-        return {
-            "type": "http", "asgi": {"version": protocol.asgi_version, "spec_version": "2.3"},
-            "http_version": self.http_version, "server": protocol.server, "client": protocol.client,
-            "scheme": protocol.scheme, "root_path": protocol.root_path, "headers": self.headers,
-            "state": protocol.app_state.copy(), "method": "POST", "path": path, "raw_path": raw_path,
-            "query_string": query,
-        }
+        scope = begin_scope(self._protocol, self.headers)
+        scope.update(http_version=self.http_version, method="POST", path=path, raw_path=raw_path, query_string=query)
+        return scope
 
     async def run(self, open_exchange: OpenExchange) -> None:
         """The exchange's task: the front decides, then a stream it serves is written here."""

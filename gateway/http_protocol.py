@@ -125,6 +125,22 @@ class HeadWithBodyProtocol(HttpToolsProtocol):
             on_disconnect()
 
 
+def begin_scope(protocol: HttpToolsProtocol, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The ASGI scope uvicorn's `on_message_begin` builds for a request on `protocol`, before
+    its method, path and HTTP version are known."""
+    return {
+        "type": "http",
+        "asgi": {"version": protocol.asgi_version, "spec_version": "2.3"},
+        "http_version": "1.1",
+        "server": protocol.server,
+        "client": protocol.client,
+        "scheme": protocol.scheme,
+        "root_path": protocol.root_path,
+        "headers": headers,
+        "state": protocol.app_state.copy(),
+    }
+
+
 def exchange_of(channel: Any) -> Any:
     """The `ServerExchange` behind an ASGI `receive` or `send` that is its own bound method (none
     behind a wrapper: then the ASGI messages are the only way)."""

@@ -13,7 +13,7 @@ from typing import Any
 import httptools
 
 from gateway.chat_exchange import ChatExchange
-from gateway.http_protocol import HeadWithBodyProtocol
+from gateway.http_protocol import HeadWithBodyProtocol, begin_scope
 
 
 class ExchangeProtocol(HeadWithBodyProtocol):
@@ -53,17 +53,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
             self.pipeline.appendleft((exchange, None))  # type: ignore[arg-type]
 
     def _uvicorn_headers_complete(self) -> None:
-        self.scope = {  # type: ignore[typeddict-item]  # what uvicorn's `on_message_begin` builds
-            "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-            "http_version": "1.1",
-            "server": self.server,
-            "client": self.client,
-            "scheme": self.scheme,
-            "root_path": self.root_path,
-            "headers": self.headers,
-            "state": self.app_state.copy(),
-        }
+        self.scope = begin_scope(self, self.headers)  # type: ignore[assignment]
         super().on_headers_complete()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:

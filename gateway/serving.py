@@ -312,7 +312,6 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
         error = exc
         raise
     finally:
-        body.push = None  # (its own bound method: a reference cycle, left with all it holds to the cyclic GC)
         await observed.close_pump(pump)
         observed.end(error)
     yield LastPiece(last)

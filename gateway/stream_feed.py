@@ -21,7 +21,7 @@ class StreamFeed:
     state for it), the bytes are kept and lead the next `feed`'s, and `push` says False so the
     task takes over; an error is kept for the next `feed` to raise, as it would have in the task."""
 
-    __slots__ = ("_observed", "_writer", "_write", "usage", "kept", "_error", "push")
+    __slots__ = ("_observed", "_writer", "_write", "usage", "kept", "_error")
 
     def __init__(self, observed: Observed, writer: StreamWriter, write: Callable[[bytes], bool] | None) -> None:
         self._observed = observed
@@ -30,7 +30,12 @@ class StreamFeed:
         self.usage: Usage | None = None
         self.kept = b""  # pushed bytes the client has not been written yet
         self._error: Exception | None = None
-        self.push = self._push if write is not None else None
+
+    @property
+    def push(self) -> Callable[[list[Event]], bool] | None:
+        """A new bound method each time: one kept in an attribute would make this object a
+        reference cycle, left with all it holds to the cyclic GC."""
+        return self._push if self._write is not None else None
 
     def feed(self, batch: list[Event]) -> bytes:
         if self._error is not None:

@@ -159,9 +159,7 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        pieces, self.pieces, self.buffered = self.pieces, [], 0
-        self.resume()
-        if not on_piece(pieces[0] if len(pieces) == 1 else b"".join(pieces)):
+        if not on_piece(self.take_pieces()):
             self.on_piece = None
             waiter.set_result(None)
 
@@ -256,6 +254,12 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and self.error is None and not self.closed
 
+    def take_pieces(self) -> bytes:
+        """The body bytes that arrived and were not taken yet, joined; reading resumes."""
+        pieces, self.pieces, self.buffered = self.pieces, [], 0
+        self.resume()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
     def resume(self) -> None:
         if self.paused and self.transport is not None:
             self.paused = False
@@ -316,9 +320,7 @@ class Response:
                 conn.on_piece = None
             if handed_back:
                 return b""
-        pieces, conn.pieces, conn.buffered = conn.pieces, [], 0
-        conn.resume()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return conn.take_pieces()
 
     @property
     def complete(self) -> bool:

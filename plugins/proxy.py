@@ -3,8 +3,8 @@
 One `plugins.http1.Pool` per backend (keep-alive connections), three separate timeouts
 (connect; first byte: from sending the request until the first body bytes; idle: between two
 body pieces), the incremental SSE parser (`plugins.sse_parser`); the mapping of upstream chunks
-to `plugins.protocol` events and of upstream error bodies to `plugins.errors` is
-`plugins.upstream_events`. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
+to `plugins.protocol` events is `plugins.upstream_events`, and of upstream error bodies to
+`plugins.errors` `plugins.upstream_errors`. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
 and override only what differs: the request body (`translate_*`), the catalogue, tokenization.
 
 Design points:
@@ -57,7 +57,7 @@ from plugins.proxy_embeddings import embed_upstream
 from plugins.proxy_options import ProxyOptions
 from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.proxy_stream import BodyPieces, UpstreamEvents
-from plugins.upstream_events import error_from_body
+from plugins.upstream_errors import error_from_body
 
 log = logging.getLogger("switchyard.proxy")
 
