@@ -94,6 +94,10 @@ class _StreamState:
                 self.encoder.set_usage(event)
         return b"".join(parts)
 
+    def feed_text(self, index: int, text: str) -> bytes:
+        """`feed([TextDelta(text=text, index=index)])` for a plain token's non-empty text."""
+        return self.encoder.text(index, text)
+
     def _finish(self, event: Finish) -> None:
         if event.index in self.finished:
             raise UpstreamError(f"The backend finished choice {event.index} twice.", kind="bad_gateway")
