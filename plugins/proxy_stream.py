@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 
+
 class EventSink(Protocol):
     """Where `next_batch(sink)` pushes the events that arrive while it waits; False from either
     method: it takes no more (control goes back to the task)."""
