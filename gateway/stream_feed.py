@@ -70,7 +70,7 @@ class StreamFeed:
 
     def push_text(self, index: int, text: str) -> bool:
         feed_text = self._feed_text
-        if feed_text is None or self._error is not None:
+        if feed_text is None or self._error is not None or self.kept:
             return self.push([TextDelta(text=text, index=index)])
         observed = self._observed
         observed.timer.mark_tokens()
@@ -81,8 +81,6 @@ class StreamFeed:
         except Exception as exc:
             self._error = exc
             return False
-        if self.kept:
-            out, self.kept = self.kept + out, b""
         return self._written(out)
 
     def _written(self, out: bytes) -> bool:

@@ -112,8 +112,9 @@ class _Connection(asyncio.Protocol):
             self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
             self.close()
             return
-        if self.on_piece is not None and self.pieces and not self.complete and self.error is None:
-            self._push(self.on_piece)  # this read's body bytes, joined (no loop turn: nothing else joins them)
+        on_piece = self.on_piece
+        if on_piece is not None and self.pieces and not self.complete and self.error is None:
+            self._push(on_piece)  # this read's body bytes, joined (no loop turn: nothing else joins them)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -260,7 +261,8 @@ class _Connection(asyncio.Protocol):
     def take_pieces(self) -> bytes:
         """The body bytes that arrived and were not taken yet, joined; reading resumes."""
         pieces, self.pieces, self.buffered = self.pieces, [], 0
-        self.resume()
+        if self.paused:
+            self.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def resume(self) -> None:
