@@ -15,10 +15,11 @@ does O(1) work per request and one parser call per socket read.
 Body pieces come out as they arrive: everything that arrived since the last call, joined, never
 waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands each socket read's
 body bytes to `on_piece` from the connection's `data_received` while it waits, with no task
-wake-up or loop turn per read (the proxies' relay of a stream's middle events). A response closed before its end closes
-its connection (that is how an upstream learns the client went away). A request whose
-connection the server closed without a byte of answer is retried once on a fresh connection: that is what a server closing an idle
-keep-alive connection just as it is reused looks like.
+wake-up or loop turn per read (the proxies' relay of a stream's middle events). A response
+closed before its end closes its connection (that is how an upstream learns the client went
+away). A request whose connection the server closed without a byte of answer is retried once on
+a fresh connection: that is what a server closing an idle keep-alive connection just as it is
+reused looks like.
 """
 
 from __future__ import annotations
