@@ -65,6 +65,10 @@ class RequestAccounting:
             elif isinstance(event, Finish):
                 self.finish_reasons.append(event.reason)
 
+    def on_text(self) -> None:
+        """`on_events` of one plain text delta."""
+        self.completion_seen += 1
+
     def finish(
         self,
         error: BaseException | None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -52,6 +53,8 @@ class _StreamState:
         self.continuous = spec.include_usage and spec.continuous_usage_stats  # usage on every chunk
         # per choice: characters of token text sent so far (legacy completions' `text_offset`)
         self.text_offsets: dict[int, int] = {}
+        # `feed([TextDelta(text=text, index=index)])` of a plain token's non-empty text
+        self.feed_text: Callable[[int, str], bytes] = encoder.plain_text
 
     def start(self, first: list[Event]) -> bytes:
         if self.continuous:
@@ -65,7 +68,7 @@ class _StreamState:
 
     def feed(self, batch: list[Event]) -> bytes:
         if len(batch) == 1 and type(event := batch[0]) is TextDelta and event.text and event.logprobs is None:
-            return self.encoder.text(event.index, event.text)  # one plain token (most batches): what the loop gives
+            return self.encoder.plain_text(event.index, event.text)  # one plain token (most batches): what the loop gives
         parts: list[bytes] = []
         last = len(batch) - 1
         skip_next = False

@@ -84,8 +84,8 @@ class EventPump:
 
     async def next_batch(self, sink: EventSink | None = None) -> list[Event] | None:
         """The events ready now (waiting for at least one); None when the stream has ended.
-        `sink`: the events that arrive while this waits may be handed to `sink(batch)` instead,
-        outside this task, until it returns False (then this returns, `[]` if nothing else
+        `sink`: the events that arrive while this waits may be handed to `sink.push(batch)` (or
+        `sink.push_text`) instead, outside this task, until it returns False (then this returns, `[]` if nothing else
         came); only a proxy's stream does so, and never its first events, its end or an error."""
         if self._next is not None:
             return await self._next_direct(self._next, sink)

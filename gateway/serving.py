@@ -283,8 +283,8 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
     also carries the bytes of the stream's last batch when the pump knew it was the last (one
     client write less). Sent by `http_common.send_sse` from our own server's request cycle
     (`BODY_WRITER`), a proxied stream's middle batches are written to the client as they
-    arrive, without this generator (`StreamFeed.push`): whatever passes its pieces on between
-    here and `send_sse` must pass them on unchanged."""
+    arrive, without this generator (`StreamFeed.push`, `push_text`): whatever passes its
+    pieces on between here and `send_sse` must pass them on unchanged."""
     observed, pump = opened.observed, opened.pump
     body = StreamFeed(observed, writer, BODY_WRITER.get())
     error: BaseException | None = None
@@ -300,7 +300,7 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
             if out:
                 yield out
             out = b""
-            batch = await pump.next_batch(body.push)
+            batch = await pump.next_batch(body.sink)
         observed.usage = check_usage(body.usage, opened.backend)
         last = held + await writer.finish(observed.usage)
     except SwitchyardError as exc:

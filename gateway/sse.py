@@ -82,9 +82,13 @@ class ChunkEncoder:
             + self._tail
         )
 
+    def plain_text(self, index: int, text: str) -> bytes:
+        """`text(index, text)` of a non-empty text without logprobs or finish reason."""
+        return self._plain_text % (index, _encode(text))
+
     def text(self, index: int, text: str, logprobs: bytes = b"null", finish: str | None = None) -> bytes:
         if text and finish is None and logprobs == b"null":
-            return self._plain_text % (index, _encode(text))
+            return self.plain_text(index, text)
         if self.chat:
             delta = b'{"content":' + _encode(text) + b"}" if text else b"{}"
             choice = b'{"index":%d,"delta":' % index + delta

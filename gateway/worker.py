@@ -27,6 +27,12 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def main() -> int:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # (set by the parent)
+        from prometheus_client import values
+
+        from gateway.metrics import multiprocess_value_class
+
+        values.ValueClass = multiprocess_value_class()
     from gateway.serve import serve
 
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=WorkerSpec)

@@ -13,12 +13,13 @@ does O(1) work per request and one parser call per socket read.
     await response.aclose()      # back to the pool when the body was read to its end
 
 Body pieces come out as they arrive: everything that arrived since the last call, joined, never
-waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands the body bytes to
-`on_piece` from the connection's own loop callbacks while it waits, with no task wake-up per
-read (the proxies' relay of a stream's middle events). A response closed before its end closes
-its connection (that is how an upstream learns the client went away). A request whose
-connection the server closed without a byte of answer is retried once on a fresh connection: that is what a server closing an idle
-keep-alive connection just as it is reused looks like.
+waiting for more. Or they are pushed: `next_piece(deadline, on_piece)` hands each socket read's
+body bytes to `on_piece` from the connection's `data_received` while it waits, with no task
+wake-up or loop turn per read (the proxies' relay of a stream's middle events). A response
+closed before its end closes its connection (that is how an upstream learns the client went
+away). A request whose connection the server closed without a byte of answer is retried once on
+a fresh connection: that is what a server closing an idle keep-alive connection just as it is
+reused looks like.
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
             self.close()
+            return
+        on_piece = self.on_piece
+        if on_piece is not None and self.pieces and not self.complete and self.error is None:
+            self._push(on_piece)  # this read's body bytes, joined (no loop turn: nothing else joins them)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -145,7 +150,7 @@ class _Connection(asyncio.Protocol):
         if self.buffered >= READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        if not self._wake_soon:
+        if not self._wake_soon and self.on_piece is None:  # (pushed at the end of `data_received`)
             # the reader is woken one loop turn later: the bytes of this stream that arrive in
             # that turn join the same piece (one parse, one client write for them all; the
             # gateway's pump task used to give that turn)
@@ -165,8 +170,8 @@ class _Connection(asyncio.Protocol):
 
     def _wake_later(self) -> None:
         if self.on_piece is not None:
-            # pushed one more turn later: a woken reader only runs then, and the bytes that
-            # arrive meanwhile join its piece; they join the pushed piece as well
+            # (bytes that arrived before the push began) pushed one more turn later: a woken
+            # reader only runs then, and the bytes that arrive meanwhile join its piece
             self.loop.call_soon(self._push_later)
             return
         self._wake_soon = False
@@ -257,7 +262,8 @@ class _Connection(asyncio.Protocol):
     def take_pieces(self) -> bytes:
         """The body bytes that arrived and were not taken yet, joined; reading resumes."""
         pieces, self.pieces, self.buffered = self.pieces, [], 0
-        self.resume()
+        if self.paused:
+            self.resume()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def resume(self) -> None:
@@ -298,9 +304,10 @@ class Response:
         none); None at the end of the body. TimeoutError at loop time `deadline`.
 
         `on_piece`: while this waits, the body bytes that arrive (not the end of the body, nor a
-        failure) go to `on_piece(piece)` instead, called from a loop callback of the connection
-        (so it must not raise), as late as a woken reader would have them; it returns False to be
-        called no more, and this returns b"" then. A pushed piece does not move `deadline`: `on_piece` does (`move_deadline`)."""
+        failure) go to `on_piece(piece)` instead, one piece per socket read, called from the
+        connection's callback (so it must not raise); it returns False to be called no more, and
+        this returns b"" then. A pushed piece does not move `deadline`: `on_piece` does
+        (`move_deadline`)."""
         conn = self._conn
         if conn is None:
             return None

@@ -108,6 +108,15 @@ class SSEParser:
             return None
         return datas
 
+    def one_data(self, piece: bytes) -> bytes | None:
+        """`whole_data` of a piece that is exactly one such event (a stream's usual read): its
+        data; None for any other piece, or before the first line was read."""
+        if self._first_line or self._buf or self._pending_cr or self._has_data or self._event:
+            return None
+        if piece.count(b"\n") != 2 or b"\r" in piece or not piece.startswith(b"data: ") or not piece.endswith(b"\n\n"):
+            return None
+        return piece[6:-2]
+
     def close(self) -> list[SSEEvent]:
         """End of stream. A final line without its terminator is still a line, but an event
         not followed by a blank line is discarded (spec). Returns nothing today; kept so a

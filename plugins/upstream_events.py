@@ -172,6 +172,35 @@ class StreamNormalizer:
                 return events
         return self._feed_json(data)
 
+    def plain_token(self, data: bytes) -> tuple[int, str] | None:
+        """The choice index and text of `data` when it is a plain token (almost every chunk of a
+        stream): `feed_data(data)` would give exactly `[TextDelta(text=text, index=index)]`, and
+        calling it instead changes nothing either. None for any other data: `feed_data` it."""
+        if self.content_calls is not None or data[:1] != b"{":
+            return None
+        try:
+            chunk = _decode_chunk(data)
+        except msgspec.DecodeError:
+            return None
+        choices = chunk.choices
+        if choices is None or len(choices) != 1 or chunk.usage is not None or chunk.error is not msgspec.UNSET:
+            return None
+        choice = choices[0]
+        if choice.logprobs is not None or choice.finish_reason:
+            return None
+        if self.chat:
+            delta = choice.delta
+            if (delta is None or choice.message is not None or delta.reasoning is not None
+                    or delta.reasoning_content is not None or delta.tool_calls is not None):
+                return None
+            text = delta.content
+        else:
+            text = choice.text
+        index = choice.index
+        if type(text) is not str or not text or type(index) is not int or index in self.finished or index >= self.n:
+            return None
+        return index, text
+
     def _feed_json(self, data: str | bytes) -> list[Event]:
         """`feed_data` for whatever JSON the data holds (as a dict, checked field by field)."""
         try:

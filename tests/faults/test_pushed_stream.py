@@ -27,6 +27,20 @@ _IDS = re.compile(rb'"(?:chatcmpl|cmpl)-[0-9a-f]+"|(?<="created":)\d+')
 
 
 @pytest.fixture
+def pushed_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The plain tokens `StreamFeed` was pushed on the short path (the real method runs)."""
+    texts: list[str] = []
+    push_text = StreamFeed.push_text
+
+    def spy(self: StreamFeed, index: int, text: str) -> bool:
+        texts.append(text)
+        return push_text(self, index, text)
+
+    monkeypatch.setattr(StreamFeed, "push_text", spy)
+    return texts
+
+
+@pytest.fixture
 def pushed(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The pieces `UpstreamEvents` was pushed (the real method runs)."""
     pieces: list[bytes] = []
@@ -61,12 +75,14 @@ WORDS = " ".join(f"w{i}" for i in range(12))
 @pytest.mark.parametrize("fault", ["", "fault:malformed_after", "fault:not_object_after", "fault:echo_auth_event",
                                    "fault:die_mid_stream", "fault:stall_mid_stream"])
 def test_pushed_bytes_are_the_task_paths(gw: GatewayThread, plain_gw: GatewayThread, pushed: list[bytes],
-                                         engine: str, fault: str) -> None:
+                                         pushed_texts: list[str], engine: str, fault: str) -> None:
     """The same bytes with and without push mode, ending, failing or stalling mid-stream: an
     error in a pushed piece still comes after the events before it, then `[DONE]`."""
-    body = chat(f"m-{engine}", f"pace:5 {fault} {WORDS}".replace("  ", " "), stream_options={"include_usage": True})
+    prompt = f"pace:5 {fault} {WORDS}".replace("  ", " ")
+    body = chat(f"m-{engine}", prompt, stream_options={"include_usage": True})
     with_push = sse(gw.base, "/v1/chat/completions", body)
     assert pushed  # events came by push
+    assert pushed_texts and set(pushed_texts) <= {f" {w}" for w in prompt.split()}  # plain tokens by the short path
     count = len(pushed)
     without = sse(plain_gw.base, "/v1/chat/completions", body)
     assert len(pushed) == count  # nothing pushed behind uvicorn's own protocol
@@ -119,14 +135,14 @@ def test_a_slow_reader_hands_over_to_the_task_and_loses_nothing(gw: GatewayThrea
     transport's buffer is full, the request's task takes over (and waits for the client), and
     every byte still arrives, in order."""
     refused: list[bool] = []
-    push = StreamFeed._push
+    written = StreamFeed._written
 
-    def spy(self: StreamFeed, batch: list) -> bool:
-        ok = push(self, batch)
+    def spy(self: StreamFeed, out: bytes) -> bool:
+        ok = written(self, out)
         refused.append(not ok)
         return ok
 
-    monkeypatch.setattr(StreamFeed, "_push", spy)
+    monkeypatch.setattr(StreamFeed, "_written", spy)
     words = [f"{i:04d}" + "x" * 2000 for i in range(1500)]  # 3 MB of text, far beyond the socket buffers
     payload = json.dumps({**chat("m-vllm", "pace:1 " + " ".join(words), max_tokens=2000), "stream": True}).encode()
     with socket.socket() as sock:

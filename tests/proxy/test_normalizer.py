@@ -337,3 +337,72 @@ def test_recorded_streams_read_as_attributes_or_as_dicts_normalize_alike(rec: Re
         outcomes.append([_outcome(norm, feed, sse.data.encode()) for sse in SSEParser().feed(rec.body)
                          if sse.data != "[DONE]"])
     assert outcomes[0] == outcomes[1]
+
+
+PLAIN_TOKENS = [
+    '{"choices":[{"index":0,"delta":{"content":"x"}}]}',
+    '{"id":"c","object":"chat.completion.chunk","choices":[{"index":1,"delta":{"content":" é\\u00e9 \\"q\\""},'
+    '"logprobs":null,"finish_reason":null}],"usage":null}',
+    '{"choices":[{"index":0,"delta":{"role":"assistant","content":"r"},"finish_reason":null,"stop_reason":null}]}',
+    '{"choices":[{"index":0,"text":"t","finish_reason":null}]}', '{"choices":[{"index":-1,"text":"t"}]}',
+    '{"choices":[{"index":0,"delta":{"content":"a"},"text":"b"}]}',
+    '{"choices":[{"index":0,"delta":{"content":"a"}}],"__verbose":{"stop_type":"word"}}',
+    '{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":""}]}',
+]
+
+
+def _plain_or_general(kind: str, data: bytes, *, finished: set[int], content_calls=None) -> None:
+    """`plain_token(data)` is None, or `(index, text)` where `feed_data(data)` gives exactly
+    `[TextDelta(text=text, index=index)]` and leaves the normalizer as it was."""
+    spec = RequestSpec(request_id="t", kind=kind, model="m", upstream_model="m",  # type: ignore[arg-type]
+                       sampling=SamplingParams(n=2), continuous_usage_stats=True)
+    norm = StreamNormalizer(kind=kind, n=2, backend="b", spec=spec, content_calls=content_calls)
+    norm.finished |= finished
+    token = norm.plain_token(data)
+    if token is None:
+        return None
+    before = (set(norm.finished), norm.usage, norm.done, dict(norm.tool_named), dict(norm.content_parsers))
+    assert norm.feed_data(data) == [TextDelta(text=token[1], index=token[0])]
+    assert (set(norm.finished), norm.usage, norm.done, dict(norm.tool_named), dict(norm.content_parsers)) == before
+    return token
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("data", ODD_CHUNKS + PLAIN_TOKENS + [b'{"choices":[{"delta":{"content":"a\xffb"},"text":"\xff"}]}',
+                                                             "[DONE]", "", " {}"])
+def test_a_plain_token_is_what_feed_data_gives(kind: str, data: str | bytes) -> None:
+    """The proxies' short path for a plain token (`plain_token`) answers only where `feed_data`
+    gives one text delta and nothing else, whatever the chunk holds, and then the same delta."""
+    raw = data.encode() if isinstance(data, str) else data
+    for finished in (set(), {0}, {1}):
+        _plain_or_general(kind, raw, finished=finished)
+    assert _plain_or_general(kind, raw, finished=set(), content_calls=lambda: None) is None
+
+
+def test_plain_tokens_take_the_short_path() -> None:
+    tokens = [_plain_or_general(kind, data.encode(), finished=set())
+              for kind in ("chat", "completion") for data in PLAIN_TOKENS]
+    assert tokens == [(0, "x"), (1, ' éé "q"'), (0, "r"), None, None, (0, "a"), (0, "a"), (0, "a"),
+                      None, None, None, (0, "t"), (-1, "t"), (0, "b"), None, None]
+
+
+@pytest.mark.parametrize("rec", STREAMS, ids=lambda r: r.id)
+def test_recorded_plain_tokens_are_what_feed_data_gives(rec: Recording) -> None:
+    """Every chunk of every recorded vLLM and llama.cpp stream, read on by `feed_data` as the
+    proxy does: where `plain_token` answers, `feed_data` gives that one delta; and it answers
+    for the tokens of every stream that has plain text."""
+    norm = StreamNormalizer(kind=rec.kind, n=_n(rec), backend="b", spec=_spec(rec))
+    plain = 0
+    try:
+        for sse in SSEParser().feed(rec.body):
+            data = sse.data.encode()
+            token = norm.plain_token(data)
+            events = norm.feed_data(data)
+            if token is not None:
+                plain += 1
+                assert events == [TextDelta(text=token[1], index=token[0])]
+    except SwitchyardError:
+        return
+    texts = [e for e in normalize(rec)[0] if isinstance(e, TextDelta) and e.logprobs is None]
+    usage_on_every_chunk = ((rec.request or {}).get("stream_options") or {}).get("continuous_usage_stats")
+    assert plain or usage_on_every_chunk or len(texts) <= 1  # (a text that comes only with its finish is no plain token)

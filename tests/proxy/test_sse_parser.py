@@ -96,3 +96,25 @@ def test_the_fast_path_reads_what_the_lines_say(piece: bytes) -> None:
         assert piece == b"".join(b"data: " + d + b"\n\n" for d in datas)
     elif events and piece == b"".join(b"data: " + e.data.encode() + b"\n\n" for e in events):
         raise AssertionError("plain one-line data events left to the line machinery")
+
+
+@pytest.mark.parametrize("piece", [
+    b"data: a\n\n", b"data: \n\n", b"data: a\n\ndata: b\n\n", b"data: {}\n\n\n", b"data: a\ndata: b\n\n",
+    b"data:x\n\n", b"data: a\n", b"\n\ndata: a\n\n", b"data: a\r\n\r\n", b"data: a\r\n\n", b"event: e\ndata: x\n\n",
+    b": ping\n\n", b"data: a\n\n: c", b'data: {"t":"\\n\\ndata: "}\n\n',
+])
+def test_one_data_is_whole_data_of_one_event(piece: bytes) -> None:
+    """`one_data` answers only for a piece of exactly one plain `data:` event (after the first
+    line, which may hold a BOM), with its one `whole_data`."""
+    parser = SSEParser()
+    assert parser.one_data(piece) is None  # the first line is the line machinery's
+    parser.feed(b"data: first\n\n")
+    datas = parser.whole_data(piece)
+    data = parser.one_data(piece)
+    if data is None:
+        assert datas is None or len(datas) != 1
+    else:
+        assert datas == [data]
+    assert (data is not None) == (piece in (b"data: a\n\n", b"data: \n\n", b'data: {"t":"\\n\\ndata: "}\n\n'))
+    parser.feed(b"data: half")
+    assert parser.one_data(b"data: a\n\n") is None  # an event in progress: the line machinery's
