@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -256,7 +255,7 @@ def _build_response(gateway: Gateway, spec: RequestSpec, choices: list[_Choice],
                     **_reasoning_fields(gateway, c.reasoning),
                     tool_calls=[
                         S.ToolCallBody(
-                            id=call["id"] or f"call_{secrets.token_hex(12)}",
+                            id=call["id"] or f"call_{token_hex(12)}",
                             function=S.ToolCallFunctionBody(name=call["name"], arguments=call["arguments"]),
                         )
                         for _, call in sorted(c.tool_calls.items())

@@ -18,11 +18,10 @@ one sent back is ignored).
 
 from __future__ import annotations
 
-import secrets
-
 import msgspec
 
 from gateway.errors import status_and_type
+from gateway.ids import token_hex
 from gateway.messages_api import schemas as M
 from gateway.messages_api.errors import error_response
 from gateway.schemas import ErrorResponse
@@ -32,7 +31,7 @@ from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDel
 _encode = msgspec.json.Encoder().encode
 
 def message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+    return "msg_" + token_hex(12)
 
 
 def usage_body(usage: Usage) -> M.Usage:
@@ -135,7 +134,7 @@ class MessageStream:
             return b""
         out = b""
         if self.block == "thinking":
-            out = self._delta(M.SignatureDelta(signature=secrets.token_hex(16)))
+            out = self._delta(M.SignatureDelta(signature=token_hex(16)))
         self.block = None
         return out + _sse(b"content_block_stop", M.ContentBlockStop(index=self.index))
 
@@ -189,11 +188,11 @@ class MessageSink:
         content: list[M.Content] = []
         reasoning, text = "".join(self.reasoning), "".join(self.text)
         if reasoning:
-            content.append(M.ThinkingContent(thinking=reasoning, signature=secrets.token_hex(16)))
+            content.append(M.ThinkingContent(thinking=reasoning, signature=token_hex(16)))
         if text:
             content.append(M.TextContent(text=text))
         for _, call in sorted(self.calls.items()):
-            content.append(M.ToolUseContent(id=call["id"] or "toolu_" + secrets.token_hex(12), name=call["name"],
+            content.append(M.ToolUseContent(id=call["id"] or "toolu_" + token_hex(12), name=call["name"],
                                             input=_arguments(call["arguments"])))
         reason = stop_reason(finish.reason, finish.stop_sequence, bool(self.calls))
         return M.MessageResponse(

@@ -13,15 +13,14 @@ A non-streaming request runs the same builder and keeps only the items, so both 
 
 from __future__ import annotations
 
-import secrets
-
+from gateway.ids import token_hex
 from gateway.responses_api import schemas as R
 from plugins.errors import UpstreamError
 from plugins.protocol import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
+    return f"{prefix}_{token_hex(16)}"
 
 
 class OutputBuilder:
