@@ -113,9 +113,8 @@ class _Connection(asyncio.Protocol):
             self._fail(ProtocolError(f"malformed HTTP response: {exc}"))
             self.close()
             return
-        on_piece = self.on_piece
-        if on_piece is not None and self.pieces and not self.complete and self.error is None:
-            self._push(on_piece)  # this read's body bytes, joined (no loop turn: nothing else joins them)
+        if self.on_piece is not None:
+            self._push()  # this read's body bytes, joined (no loop turn: nothing else joins them)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -157,34 +156,24 @@ class _Connection(asyncio.Protocol):
             self._wake_soon = True
             self.loop.call_soon(self._wake_later)
 
-    def _push(self, on_piece: Callable[[bytes], bool]) -> None:
-        """The body bytes here to `on_piece` while the reader waits (after its wait ended, the
-        reader takes them itself); its False hands control back: it is called no more and the
-        reader wakes."""
-        waiter = self.waiter
-        if waiter is None or waiter.done():
+    def _push(self) -> None:
+        """The body bytes here to `on_piece` while the reader waits with one (not with the end of
+        the body or a failure: the reader is woken for those; after its wait ended it takes them
+        itself); its False hands control back: it is called no more and the reader wakes."""
+        on_piece, waiter = self.on_piece, self.waiter
+        if (on_piece is None or not self.pieces or self.complete or self.error is not None
+                or waiter is None or waiter.done()):
             return
         if not on_piece(self.take_pieces()):
             self.on_piece = None
             waiter.set_result(None)
 
     def _wake_later(self) -> None:
-        if self.on_piece is not None:
-            # (bytes that arrived before the push began) pushed one more turn later: a woken
-            # reader only runs then, and the bytes that arrive meanwhile join its piece
-            self.loop.call_soon(self._push_later)
-            return
         self._wake_soon = False
-        self._wake()
-
-    def _push_later(self) -> None:
-        self._wake_soon = False
-        if not self.pieces:
-            return
-        if self.on_piece is not None and not self.complete and self.error is None:
-            self._push(self.on_piece)
-        else:
+        if self.on_piece is None:
             self._wake()
+        else:  # bytes that arrived before the push began
+            self._push()
 
     def on_message_complete(self) -> None:
         if self.headers_done:

@@ -122,7 +122,9 @@ def test_the_head_and_the_connection_are_what_uvicorns_cycle_gives(
     for g in (gw, plain_gw):
         wire = _connect(g)
         with wire.sock:
-            wire.sock.sendall(_request({**chat("m-vllm", "one two three"), "stream": True}, version=version,
+            # (`pace:5`: each event a read of its own, so that neither server can join the last
+            # token with the finish when the other does not)
+            wire.sock.sendall(_request({**chat("m-vllm", "pace:5 one two three"), "stream": True}, version=version,
                                        headers=headers + "x-request-id: same-id\r\n"))
             head, body = wire.response()
             events = [e if e == "[DONE]" else {**e, "id": "", "created": 0} for e in data_of(body)]
