@@ -30,9 +30,9 @@ def main() -> int:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # (set by the parent)
         from prometheus_client import values
 
-        from gateway.metrics import multiprocess_value_class
+        from gateway.metric_values import mmap_value_class
 
-        values.ValueClass = multiprocess_value_class()
+        values.ValueClass = mmap_value_class()
     from gateway.serve import serve
 
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=WorkerSpec)

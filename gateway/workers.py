@@ -103,9 +103,9 @@ def _use_multiprocess_metrics(directory: Path) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
     from prometheus_client import values
 
-    from gateway.metrics import multiprocess_value_class
+    from gateway.metric_values import mmap_value_class
 
-    values.ValueClass = multiprocess_value_class()  # (prometheus_client was imported before the variable was set)
+    values.ValueClass = mmap_value_class()  # (prometheus_client was imported before the variable was set)
 
 
 @dataclass

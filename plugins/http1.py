@@ -201,7 +201,7 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, deadline: float | None) -> None:
         """Until the parser reports something new; TimeoutError at loop time `deadline`."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop  # (asyncio.get_running_loop() asks for the process id: a system call)
         self.waiter = waiter = loop.create_future()
         self.deadline = deadline
         if deadline is not None and (self._timer is None or self._timer_at > deadline):

@@ -1,0 +1,71 @@
+"""CPU per streamed request as the load changes: the same requests (16 tokens, 10 ms apart) at 1,
+16, 64 and 256 streams, against the bench upstream directly (its own process's CPU per request:
+a control that does the least work per event, one write, and no Switchyard) and through
+Switchyard with one and two workers (the gateway's process tree).
+
+On a machine whose cores idle between events, a process pays for every wake-up: the switch, and
+code and data that went cold meanwhile. So the CPU per request of any server here falls as the
+load rises and each wake-up serves more events; and two workers, each with half the streams,
+wake more often than one. The table shows how much of a figure is that, for the upstream and for
+Switchyard alike: compare within a column, and the ratios, not absolute values across machines.
+
+    .venv/bin/python bench/cpu_by_load.py [--concurrency 1 16 64 256] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.arms import Arm, start_switchyard, start_upstream  # noqa: E402
+from bench.common import use_uvloop  # noqa: E402
+from bench.gateway_overhead import closed_loop  # noqa: E402
+
+TOKENS = 16
+PACE_MS = 10.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--seconds", type=float, default=8.0, help="about how long each cell runs")
+    args = parser.parse_args()
+
+    use_uvloop()
+    log_dir = Path(tempfile.mkdtemp(prefix="cpu-by-load-"))
+    upstream = start_upstream(log_dir, tokens=TOKENS, pace_ms=PACE_MS)
+    servers = [start_switchyard(log_dir, upstream.port, workers=w, name=f"switchyard-{w}w") for w in (1, 2)]
+    arms = [Arm("upstream (direct)", upstream.port, "/v1/chat/completions", {}, upstream)]
+    arms += [Arm(s.name, s.port, "/v1/chat/completions", {}, s) for s in servers]
+    request_s = TOKENS * PACE_MS / 1e3 + 0.01
+
+    def cell(arm: Arm, concurrency: int, requests: int) -> dict:
+        return asyncio.run(closed_loop(arm, stream=True, concurrency=concurrency, requests=requests, tokens=TOKENS,
+                                       max_seconds=4 * args.seconds + 30))
+
+    try:
+        for arm in arms[1:]:  # warm up: connections, caches
+            cell(arm, 64, 512)
+        print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {platform.processor() or platform.machine()}")
+        print("| streams | " + " | ".join(a.name for a in arms) + " | " + " | ".join(f"{a.name} ÷ upstream" for a in arms[1:]) + " |")
+        print("|---" * (2 * len(arms)) + "|")
+        for concurrency in args.concurrency:
+            requests = max(concurrency, int(args.seconds / request_s * concurrency))
+            cpu = [cell(arm, concurrency, requests)["cpu_s_per_1k"] for arm in arms]
+            ratios = [c / cpu[0] for c in cpu[1:]]
+            print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | "
+                  + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+        upstream.stop()
+
+
+if __name__ == "__main__":
+    main()
