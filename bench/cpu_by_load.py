@@ -58,9 +58,9 @@ def main() -> None:
         for concurrency in args.concurrency:
             requests = max(concurrency, int(args.seconds / request_s * concurrency))
             cpu = [cell(arm, concurrency, requests)["cpu_s_per_1k"] for arm in arms]
-            ratios = [c / cpu[0] for c in cpu[1:]]
-            print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | "
-                  + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
+            ratios = [f"{c / cpu[0]:.2f}" if cpu[0] else "–" for c in cpu[1:]]  # (CPU time counts in 10 ms ticks)
+            print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | " + " | ".join(ratios) + " |",
+                  flush=True)
     finally:
         for server in servers:
             server.stop()

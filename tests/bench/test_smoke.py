@@ -142,3 +142,15 @@ def test_ab_gateway_cpu_small(tmp_path: Path) -> None:
     rounds = [line for line in proc.stdout.splitlines() if line.startswith("round ")]
     assert len(rounds) == 4 and all("s/1k, added p50" in line for line in rounds), proc.stdout
     assert proc.stdout.count("MEDIAN ") == 2 and "B below A in" in proc.stdout, proc.stdout
+
+
+def test_cpu_by_load_small(tmp_path: Path) -> None:
+    """The load table on a few requests: a row per concurrency, a figure for every arm and ratio."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_by_load.py"), "--concurrency", "1", "2",
+                           "--seconds", "0.2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [line.strip("| ").split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row[0] for row in rows] == ["1", "2"], proc.stdout
+    for row in rows:  # (a few requests may take less CPU than one 10 ms tick: a figure of 0, its ratio "–")
+        assert len(row) == 6 and all(float(cell) >= 0 for cell in row[1:4]), proc.stdout
+        assert all(cell == "–" or float(cell) >= 0 for cell in row[4:]), proc.stdout
