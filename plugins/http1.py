@@ -201,21 +201,21 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, deadline: float | None) -> None:
         """Until the parser reports something new; TimeoutError at loop time `deadline`."""
-        loop = self.loop  # (asyncio.get_running_loop() asks for the process id: a system call)
-        self.waiter = waiter = loop.create_future()
+        # (the connection's loop: asyncio.get_running_loop() asks for the process id, a system call)
+        self.waiter = waiter = self.loop.create_future()
         self.deadline = deadline
         if deadline is not None and (self._timer is None or self._timer_at > deadline):
-            self._arm(loop, deadline)
+            self._arm(deadline)
         try:
             await waiter
         finally:
             self.waiter = None
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+    def _arm(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = loop.call_at(at, self._on_timer, at)
+        self._timer = self.loop.call_at(at, self._on_timer, at)
 
     def _on_timer(self, at: float) -> None:
         self._timer = None
@@ -225,7 +225,7 @@ class _Connection(asyncio.Protocol):
         if deadline <= at:
             waiter.set_exception(TimeoutError())
         else:  # the deadline moved on since the timer was set
-            self._arm(asyncio.get_running_loop(), deadline)
+            self._arm(deadline)
 
     def _disarm(self) -> None:
         if self._timer is not None:
