@@ -52,8 +52,10 @@ def main() -> None:
     try:
         for arm in arms[1:]:  # warm up: connections, caches
             cell(arm, 64, 512)
-        print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {platform.processor() or platform.machine()}")
-        print("| streams | " + " | ".join(a.name for a in arms) + " | " + " | ".join(f"{a.name} ÷ upstream" for a in arms[1:]) + " |")
+        cpu_name = platform.processor() or platform.machine()
+        print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {cpu_name}")
+        print("| streams | " + " | ".join(a.name for a in arms) + " | "
+              + " | ".join(f"{a.name} ÷ upstream" for a in arms[1:]) + " |")
         print("|---" * (2 * len(arms)) + "|")
         for concurrency in args.concurrency:
             requests = max(concurrency, int(args.seconds / request_s * concurrency))

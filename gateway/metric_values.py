@@ -6,7 +6,7 @@ prometheus-client's own `MultiProcessValue` asks for the process id on every inc
 a fork, and goes through four Python calls to write the two doubles of a sample. Here a fork is
 noticed once, by an `os.register_at_fork` hook (the child then writes files of its own, starting
 from what they hold), and an increment is one locked add and one `struct.pack_into` at the
-sample's position, which never moves once the key is in the file (0.59 -> 0.2 us an increment,
+sample's position, which never moves once the key is in the file (0.59 -> 0.33 us an increment,
 ~13 increments a request).
 """
 
@@ -58,10 +58,11 @@ def mmap_value_class() -> type:
             prefix = f"{typ}_{mode}" if typ == "gauge" else typ
             file = files.get(prefix)
             if file is None:
-                file = files[prefix] = MmapedDict(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"{prefix}_{pid}.db"))
+                path = os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"{prefix}_{pid}.db")
+                file = files[prefix] = MmapedDict(path)
             self._file = file
             key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
-            self._value, self._timestamp = file.read_value(key)  # (adds the key to the file when it is new)
+            self._value = file.read_value(key)[0]  # (adds the key to the file when it is new)
             self._pos = file._positions[key]
 
         def inc(self, amount: float) -> None:
@@ -72,8 +73,7 @@ def mmap_value_class() -> type:
         def set(self, value: float, timestamp: float | None = None) -> None:
             with lock:
                 self._value = value
-                self._timestamp = timestamp or 0.0
-                _pack_two_doubles(self._file._m, self._pos, value, self._timestamp)
+                _pack_two_doubles(self._file._m, self._pos, value, timestamp or 0.0)
 
         def set_exemplar(self, exemplar: Any) -> None:  # (multiprocess mode has no exemplars)
             return
