@@ -1,12 +1,14 @@
-"""The three arms of the gateway benchmarks, each a server the client can reach on loopback:
+"""The arms of the gateway benchmarks, each a server the client can reach on loopback:
 
 - `direct`: the bench upstream itself (bench/upstream.py), no gateway;
 - `switchyard`: a Switchyard server whose one `openai_compatible` backend points at it;
 - `litellm`: LiteLLM's proxy (its own venv, bench/litellm_env.py) with one `openai/` model
-  pointing at it.
+  pointing at it;
+- `nginx`: nginx relaying the stream unparsed (bench/nginx_env.py): the floor, what a proxy in C
+  pays for the same sockets.
 
-`switchyard-2w` / `litellm-2w` (any `-<N>w`): the same gateway with N worker processes
-(`[server] workers = N`, LiteLLM's `--num_workers N`).
+`switchyard-2w` / `litellm-2w` / `nginx-2w` (any `-<N>w`): the same gateway with N worker
+processes (`[server] workers = N`, LiteLLM's `--num_workers N`, nginx's `worker_processes N`).
 
 `start_arms()` starts the upstream and the requested gateways; `Arm.pid` is the process whose
 CPU and RSS are the gateway's cost (None for direct).
@@ -21,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import litellm_env
+from bench import litellm_env, nginx_env
 from bench.common import ROOT, Server, dist_version, free_port, spawn, wait_ready
 
 MODEL = "bench-model"
@@ -111,6 +113,15 @@ def start_litellm(log_dir: Path, upstream_port: int, *, workers: int = 1) -> tup
     return server, cfg.master_key
 
 
+def start_nginx(log_dir: Path, upstream_port: int, *, workers: int = 1, name: str | None = None) -> Server:
+    port = free_port()
+    name = name or arm_name("nginx", workers)
+    config = nginx_env.write_config(log_dir / name, port=port, upstream_port=upstream_port, workers=workers)
+    server = spawn(name, nginx_env.server_argv(config), port=port, log_dir=log_dir, cwd=log_dir)
+    wait_ready(server, "/health", timeout=30)  # (the upstream's, through nginx)
+    return server
+
+
 def switchyard_version() -> str:
     import subprocess
 
@@ -132,14 +143,15 @@ def arm_versions() -> dict[str, str | None]:
         "httpx": dist_version("httpx"),
         "msgspec": dist_version("msgspec"),
         "litellm": litellm_env.version(),
+        "nginx": nginx_env.version(),
     }
 
 
 @contextmanager
 def started_arms(names: list[str], *, tokens: int, pace_ms: float, log_dir: Path | None = None,
                  upstream_uvloop: bool = True, keepalive: int | None = None) -> Iterator[tuple[Server, dict[str, Arm]]]:
-    """Start the upstream and the named arms (direct, switchyard, litellm); stop all on exit.
-    An arm that cannot start (litellm not installed) is left out with a message."""
+    """Start the upstream and the named arms (direct, switchyard, litellm, nginx); stop all on
+    exit. An arm that cannot start (litellm or nginx not installed) is left out with a message."""
     with ExitStack() as stack:
         if log_dir is None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-arms-")))
@@ -163,6 +175,13 @@ def started_arms(names: list[str], *, tokens: int, pace_ms: float, log_dir: Path
                 stack.callback(server.stop)
                 arms[name] = Arm(name, server.port, "/v1/chat/completions",
                                  {"authorization": f"Bearer {key}"}, server, litellm_env.version())
+            elif base == "nginx":
+                if not nginx_env.installed():
+                    print(f"SKIPPED {name} arm: not installed (python -m engines.install nginx)", flush=True)
+                    continue
+                server = start_nginx(log_dir, upstream.port, workers=workers)
+                stack.callback(server.stop)
+                arms[name] = Arm(name, server.port, "/v1/chat/completions", {}, server, nginx_env.version())
             else:
                 raise ValueError(f"unknown arm {name}")
         yield upstream, arms

@@ -1,7 +1,10 @@
 """CPU per streamed request as the load changes: the same requests (16 tokens, 10 ms apart) at 1,
 16, 64 and 256 streams, against the bench upstream directly (its own process's CPU per request:
-a control that does the least work per event, one write, and no Switchyard) and through
-Switchyard with one and two workers (the gateway's process tree).
+a control that does the least work per event, one write, and no Switchyard), through nginx with
+one and two workers (the floor: a proxy in C relaying the same sockets unparsed; left out when
+not installed: `python -m engines.install nginx`) and through Switchyard with one and two
+workers (the gateway's process tree). The ratios are Switchyard's ÷ nginx's with as many
+workers, or ÷ the upstream's without nginx.
 
 On a machine whose cores idle between events, a process pays for every wake-up: the switch, and
 code and data that went cold meanwhile. So the CPU per request of any server here falls as the
@@ -16,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.arms import Arm, start_switchyard, start_upstream  # noqa: E402
-from bench.common import use_uvloop  # noqa: E402
+from bench import nginx_env  # noqa: E402
+from bench.arms import Arm, start_nginx, start_switchyard, start_upstream  # noqa: E402
+from bench.common import cpu_model, use_uvloop  # noqa: E402
 from bench.gateway_overhead import closed_loop  # noqa: E402
 
 TOKENS = 16
@@ -40,9 +43,23 @@ def main() -> None:
     use_uvloop()
     log_dir = Path(tempfile.mkdtemp(prefix="cpu-by-load-"))
     upstream = start_upstream(log_dir, tokens=TOKENS, pace_ms=PACE_MS)
-    servers = [start_switchyard(log_dir, upstream.port, workers=w, name=f"switchyard-{w}w") for w in (1, 2)]
-    arms = [Arm("upstream (direct)", upstream.port, "/v1/chat/completions", {}, upstream)]
-    arms += [Arm(s.name, s.port, "/v1/chat/completions", {}, s) for s in servers]
+    servers = []  # nginx's (the floor) when installed, then Switchyard's; 1 and 2 workers each
+    try:
+        if nginx_env.installed():
+            servers += [start_nginx(log_dir, upstream.port, workers=w, name=f"nginx-{w}w") for w in (1, 2)]
+        else:
+            print("SKIPPED nginx arms: not installed (python -m engines.install nginx)", flush=True)
+        servers += [start_switchyard(log_dir, upstream.port, workers=w, name=f"switchyard-{w}w") for w in (1, 2)]
+    except BaseException:
+        for server in servers:
+            server.stop()
+        upstream.stop()
+        raise
+    control = Arm("upstream (direct)", upstream.port, "/v1/chat/completions", {}, upstream)
+    arms = [control] + [Arm(s.name, s.port, "/v1/chat/completions", {}, s) for s in servers]
+    # Switchyard's arms against nginx's with as many workers, else against the upstream's
+    with_floor = len(servers) == 4
+    pairs = [(len(arms) - 2 + i, 1 + i if with_floor else 0) for i in range(2)]
     request_s = TOKENS * PACE_MS / 1e3 + 0.01
 
     def cell(arm: Arm, concurrency: int, requests: int) -> dict:
@@ -52,15 +69,15 @@ def main() -> None:
     try:
         for arm in arms[1:]:  # warm up: connections, caches
             cell(arm, 64, 512)
-        cpu_name = platform.processor() or platform.machine()
+        cpu_name = cpu_model()
         print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {cpu_name}")
         print("| streams | " + " | ".join(a.name for a in arms) + " | "
-              + " | ".join(f"{a.name} ÷ upstream" for a in arms[1:]) + " |")
-        print("|---" * (2 * len(arms)) + "|")
+              + " | ".join(f"{arms[o].name} ÷ {arms[p].name}" for o, p in pairs) + " |")
+        print("|---" * (1 + len(arms) + len(pairs)) + "|")
         for concurrency in args.concurrency:
             requests = max(concurrency, int(args.seconds / request_s * concurrency))
             cpu = [cell(arm, concurrency, requests)["cpu_s_per_1k"] for arm in arms]
-            ratios = [f"{c / cpu[0]:.2f}" if cpu[0] else "–" for c in cpu[1:]]  # (CPU time counts in 10 ms ticks)
+            ratios = [f"{cpu[o] / cpu[p]:.2f}" if cpu[p] else "–" for o, p in pairs]  # (CPU time counts in 10 ms ticks)
             print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | " + " | ".join(ratios) + " |",
                   flush=True)
     finally:

@@ -26,6 +26,8 @@ p99 ("before p99 doubles"), and within 2x direct's low-rate p99 ("at equal p99")
 
 `--workers 1 2` runs each gateway arm once per worker count (`switchyard`, `switchyard-2w`,
 `litellm`, `litellm-2w`), and the ratios compare Switchyard and LiteLLM with as many workers.
+`--arms ... nginx` adds nginx relaying the same streams (bench/nginx_env.py; `python -m
+engines.install nginx`): the floor, what a proxy in C pays on this machine.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from bench.common import (  # noqa: E402
 )
 
 ARMS = ("direct", "switchyard", "litellm")
+PEER_FLOOR = "nginx"  # on request only (`--arms ... nginx`): the C proxy floor, bench/nginx_env.py
 
 
 # ------------------------------------------------------------------------------ closed loop
@@ -324,9 +327,9 @@ def headline(result: dict, targets_c: int, workers: list[int]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few seconds; LiteLLM only if already installed")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=(*ARMS, PEER_FLOOR))
     parser.add_argument("--workers", type=int, nargs="+", default=[1],
-                        help="worker processes of the gateway arms, one arm per count (Switchyard and LiteLLM alike)")
+                        help="worker processes of the gateway arms, one arm per count (Switchyard, LiteLLM, nginx alike)")
     parser.add_argument("--stream-only", action="store_true", help="closed loop: streaming cells only")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")

