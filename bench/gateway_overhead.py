@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         args.start_rps, args.max_rps, args.step_seconds, args.idle_seconds = 20.0, 30.0, 0.4, 0.5
     loop_name = use_uvloop()
     versions = {**arm_versions(), "client": loop_name}
-    info = print_header("gateway overhead: direct vs Switchyard vs LiteLLM", versions)
+    info = print_header("gateway overhead: " + " vs ".join(args.arms), versions)
     print(f"upstream: {args.tokens} tokens {args.pace_ms:g} ms apart; concurrency {args.concurrency}; "
           f"repeats {args.repeats}; closed-loop workers start {args.start}", flush=True)
     load0 = load_average()
