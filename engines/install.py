@@ -403,7 +403,8 @@ def install_redis() -> Path:
 
 def install_nginx() -> Path:
     """Debian's `nginx` (nginx-light), the gateway benchmarks' floor: a C proxy relaying the
-    same streams (bench/nginx_env.py). Its service is not used: the benchmarks start their own."""
+    same streams (bench/nginx_env.py). Its service is not used: the benchmarks start their own
+    (where an init system runs, the package also starts one on port 80; stop it if unwanted)."""
     return _install_debian("nginx", NGINX_PACKAGE)
 
 
