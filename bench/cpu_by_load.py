@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import sys
 import tempfile
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,50 +43,52 @@ def main() -> None:
     args = parser.parse_args()
 
     use_uvloop()
+    with ExitStack() as stack:
+        arms = started(stack)
+        run_cells(arms, args.concurrency, args.seconds)
+
+
+def started(stack: ExitStack) -> list[Arm]:
+    """The upstream (the control), nginx's arms (the floor) when installed, Switchyard's; each
+    stopped by `stack`."""
     log_dir = Path(tempfile.mkdtemp(prefix="cpu-by-load-"))
     upstream = start_upstream(log_dir, tokens=TOKENS, pace_ms=PACE_MS)
-    servers = []  # nginx's (the floor) when installed, then Switchyard's; 1 and 2 workers each
-    try:
-        if nginx_env.installed():
-            servers += [start_nginx(log_dir, upstream.port, workers=w, name=f"nginx-{w}w") for w in (1, 2)]
-        else:
-            print("SKIPPED nginx arms: not installed (python -m engines.install nginx)", flush=True)
-        servers += [start_switchyard(log_dir, upstream.port, workers=w, name=f"switchyard-{w}w") for w in (1, 2)]
-    except BaseException:
-        for server in servers:
-            server.stop()
-        upstream.stop()
-        raise
+    stack.callback(upstream.stop)
+    starts = [partial(start_switchyard, workers=w, name=f"switchyard-{w}w") for w in (1, 2)]
+    if nginx_env.installed():
+        starts[:0] = [partial(start_nginx, workers=w, name=f"nginx-{w}w") for w in (1, 2)]
+    else:
+        print("SKIPPED nginx arms: not installed (python -m engines.install nginx)", flush=True)
+    servers = []
+    for start in starts:
+        servers.append(start(log_dir, upstream.port))
+        stack.callback(servers[-1].stop)
     control = Arm("upstream (direct)", upstream.port, "/v1/chat/completions", {}, upstream)
-    arms = [control] + [Arm(s.name, s.port, "/v1/chat/completions", {}, s) for s in servers]
-    # Switchyard's arms against nginx's with as many workers, else against the upstream's
-    with_floor = len(servers) == 4
+    return [control] + [Arm(s.name, s.port, "/v1/chat/completions", {}, s) for s in servers]
+
+
+def run_cells(arms: list[Arm], concurrencies: list[int], seconds: float) -> None:
+    # Switchyard's two arms (the last) against nginx's with as many workers, else the upstream's
+    with_floor = len(arms) == 5
     pairs = [(len(arms) - 2 + i, 1 + i if with_floor else 0) for i in range(2)]
     request_s = TOKENS * PACE_MS / 1e3 + 0.01
 
     def cell(arm: Arm, concurrency: int, requests: int) -> dict:
         return asyncio.run(closed_loop(arm, stream=True, concurrency=concurrency, requests=requests, tokens=TOKENS,
-                                       max_seconds=4 * args.seconds + 30))
+                                       max_seconds=4 * seconds + 30))
 
-    try:
-        for arm in arms[1:]:  # warm up: connections, caches
-            cell(arm, 64, 512)
-        cpu_name = cpu_model()
-        print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {cpu_name}")
-        print("| streams | " + " | ".join(a.name for a in arms) + " | "
-              + " | ".join(f"{arms[o].name} ÷ {arms[p].name}" for o, p in pairs) + " |")
-        print("|---" * (1 + len(arms) + len(pairs)) + "|")
-        for concurrency in args.concurrency:
-            requests = max(concurrency, int(args.seconds / request_s * concurrency))
-            cpu = [cell(arm, concurrency, requests)["cpu_s_per_1k"] for arm in arms]
-            ratios = [f"{cpu[o] / cpu[p]:.2f}" if cpu[p] else "–" for o, p in pairs]  # (CPU time counts in 10 ms ticks)
-            print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | " + " | ".join(ratios) + " |",
-                  flush=True)
-    finally:
-        for server in servers:
-            server.stop()
-        upstream.stop()
-
+    for arm in arms[1:]:  # warm up: connections, caches
+        cell(arm, 64, 512)
+    print(f"# CPU s per 1,000 streamed requests ({TOKENS} tokens, {PACE_MS:g} ms apart), {cpu_model()}")
+    print("| streams | " + " | ".join(a.name for a in arms) + " | "
+          + " | ".join(f"{arms[o].name} ÷ {arms[p].name}" for o, p in pairs) + " |")
+    print("|---" * (1 + len(arms) + len(pairs)) + "|")
+    for concurrency in concurrencies:
+        requests = max(concurrency, int(seconds / request_s * concurrency))
+        cpu = [cell(arm, concurrency, requests)["cpu_s_per_1k"] for arm in arms]
+        ratios = [f"{cpu[o] / cpu[p]:.2f}" if cpu[p] else "–" for o, p in pairs]  # (CPU time counts in 10 ms ticks)
+        print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | " + " | ".join(ratios) + " |",
+              flush=True)
 
 if __name__ == "__main__":
     main()
