@@ -90,5 +90,6 @@ def run_cells(arms: list[Arm], concurrencies: list[int], seconds: float) -> None
         print(f"| {concurrency} | " + " | ".join(f"{c:.2f}" for c in cpu) + " | " + " | ".join(ratios) + " |",
               flush=True)
 
+
 if __name__ == "__main__":
     main()
