@@ -19,12 +19,12 @@ import argparse
 
 import builtin_engine  # noqa: F401 - caps OpenMP's spin-wait before torch loads, as the gateway does
 import torch
-from builtin_engine.chat_template import ChatTemplate
+from builtin_engine.text.chat_template import ChatTemplate
 from builtin_engine.config import EngineConfig
 from builtin_engine.engine import LLMEngine
-from builtin_engine.model_store import DEFAULT_MODEL, resolve_model
+from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
 from builtin_engine.sampling_params import SamplingParams
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.tokenizer import Tokenizer
 
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
              "Write a haiku about the sea.", "Explain what a CPU cache is.", "List three fruits.",

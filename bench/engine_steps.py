@@ -24,7 +24,7 @@ import time
 import builtin_engine  # noqa: F401 - caps OpenMP's spin-wait before torch loads, as the gateway does
 from builtin_engine.config import EngineConfig
 from builtin_engine.engine import LLMEngine
-from builtin_engine.model_store import DEFAULT_MODEL, resolve_model
+from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
 from builtin_engine.sampling_params import SamplingParams
 
 

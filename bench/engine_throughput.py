@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.num_threads)
     from builtin_engine.config import EngineConfig
     from builtin_engine.engine import LLMEngine
-    from builtin_engine.model_store import DEFAULT_MODEL, resolve_model
+    from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
 
     if args.smoke:
         from tests.fixtures_models import make_tiny_model

@@ -25,7 +25,7 @@ the same prefix with another suffix. Each cell runs `--repeats` times; medians a
 Threads: every engine gets `--threads` (torch threads for builtin and hf, `-t` for llama.cpp,
 VLLM_CPU_OMP_THREADS_BIND=0-(threads-1) for vLLM, which by default keeps one of two cores for
 its scheduler) and the same OpenMP wait: importing `builtin_engine` sets GOMP_SPINCOUNT=1000 (see
-`builtin_engine.cpu_threads`) in this process's environment, which vLLM and llama.cpp inherit.
+`builtin_engine.runner.cpu_threads`) in this process's environment, which vLLM and llama.cpp inherit.
 Precision: each engine's own CPU default (`--builtin-dtype` float32, `--hf-dtype` float32,
 `--vllm-dtype` bfloat16; llama.cpp runs the Q4_1 GGUF as it is).
 
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = cached_tiny_model()
     else:
-        from builtin_engine.model_store import DEFAULT_MODEL, resolve_model
+        from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
 
         model_dir = resolve_model(args.model or DEFAULT_MODEL)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]

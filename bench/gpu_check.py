@@ -80,7 +80,7 @@ def pick_model(args: argparse.Namespace) -> Path:
     if args.model is not None:
         return args.model
     if not args.smoke:
-        from builtin_engine.model_store import DEFAULT_MODEL, is_fetched, model_dir
+        from builtin_engine.model.store import DEFAULT_MODEL, is_fetched, model_dir
 
         if is_fetched(DEFAULT_MODEL):
             return model_dir(DEFAULT_MODEL)

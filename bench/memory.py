@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = cached_tiny_model()
     else:
-        from builtin_engine.model_store import resolve_model
+        from builtin_engine.model.store import resolve_model
 
         model_dir = resolve_model(args.model or "smollm2-135m-instruct")
     kv = []

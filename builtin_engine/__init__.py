@@ -19,8 +19,8 @@ OpenMP's spin-wait before torch loads (`cpu_threads.default_openmp_env`) and poi
 torch.compile's cache at Switchyard's (`compile_cache.default_compile_cache_env`).
 """
 
-from builtin_engine.compile_cache import default_compile_cache_env
-from builtin_engine.cpu_threads import default_openmp_env
+from builtin_engine.runner.compile_cache import default_compile_cache_env
+from builtin_engine.runner.cpu_threads import default_openmp_env
 
 default_openmp_env()
 default_compile_cache_env()

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from builtin_engine.loader import ModelConfig
+    from builtin_engine.model.loader import ModelConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    # Where and how the engine runs, resolved at start-up by `builtin_engine.device`:
+    # Where and how the engine runs, resolved at start-up by `builtin_engine.runner.device`:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"; auto: the first GPU torch sees, else the CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # weights, activations, KV cache, lm_head;
     # auto: bfloat16 on CUDA, float32 on the CPU
@@ -26,7 +26,7 @@ class EngineConfig:
     # outputs to it; embedding, norms, attention, residual stream, KV cache and lm_head (logits)
     # stay float32. With AMX, the projections run ~2x faster at one decoding stream and ~5x at 32
     # (oneDNN-packed matrices); not token-exact against a float32 reference (see
-    # `builtin_engine.llama.LlamaModel`).
+    # `builtin_engine.model.llama.LlamaModel`).
     matmul_dtype: Literal["float32", "bfloat16"] | None = None
     # Longest prompt + completion; None: the model's max_position_embeddings, capped by the KV
     # cache (and a sliding window, when the model has one).

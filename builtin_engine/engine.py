@@ -30,13 +30,13 @@ import torch
 
 from builtin_engine.block_manager import BlockManager
 from builtin_engine.config import EngineConfig, resolve_max_model_len
-from builtin_engine.cpu_threads import call_in_own_thread
-from builtin_engine.decode_graph import make_decode_graph
-from builtin_engine.device import Placement, resolve_placement
+from builtin_engine.runner.cpu_threads import call_in_own_thread
+from builtin_engine.runner.decode_graph import make_decode_graph
+from builtin_engine.runner.device import Placement, resolve_placement
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
-from builtin_engine.llama import KVCache, LlamaModel
-from builtin_engine.loader import load_weights, read_model_config
-from builtin_engine.model_runner import ModelRunner
+from builtin_engine.model.llama import KVCache, LlamaModel
+from builtin_engine.model.loader import load_weights, read_model_config
+from builtin_engine.runner.model_runner import ModelRunner
 from builtin_engine.output_processor import ChoiceState, Detokenizer
 from builtin_engine.outputs import ChoiceOutput, RequestOutput
 from builtin_engine.pooling import PoolingParams
@@ -45,7 +45,7 @@ from builtin_engine.sampler import Sampler, SamplerOutput, choice_seed
 from builtin_engine.sampling_params import SamplingParams
 from builtin_engine.scheduler import Scheduler, SchedulerOutput
 from builtin_engine.sequence import Sequence
-from builtin_engine.step_graph import make_step_graph
+from builtin_engine.runner.step_graph import make_step_graph
 
 DetokenizerFactory = Callable[[list[int], bool], Detokenizer]  # (prompt ids, skip_special_tokens) -> new
 _log = logging.getLogger(__name__)
@@ -102,8 +102,8 @@ class LLMEngine:
         kv_cache = KVCache.allocate(model.config, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                     dtype=model.dtype, device=model.device)
         sampler = Sampler(eos_token_ids=self.eos_token_ids, logprobs_mode=config.logprobs_mode)
-        # on the CPU one compiled graph serves every step (builtin_engine.step_graph); on CUDA the
-        # all-decode steps replay CUDA graphs (builtin_engine.decode_graph)
+        # on the CPU one compiled graph serves every step (builtin_engine.runner.step_graph); on CUDA the
+        # all-decode steps replay CUDA graphs (builtin_engine.runner.decode_graph)
         step_graph = make_step_graph(model, kv_cache, config, self.max_model_len) if self.placement.compile else None
         decode_graph = None
         if self.placement.compile and step_graph is None:
@@ -146,8 +146,8 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         detokenizer_factory: DetokenizerFactory | None = None,
     ) -> LLMEngine:
-        """Load a checkpoint directory (see `builtin_engine.loader`) onto the configured device
-        and build the engine, in a thread of its own (see `builtin_engine.cpu_threads`). Raises
+        """Load a checkpoint directory (see `builtin_engine.model.loader`) onto the configured device
+        and build the engine, in a thread of its own (see `builtin_engine.runner.cpu_threads`). Raises
         `DeviceError` (a ValueError naming the setting) when the device, dtype or compile
         settings do not fit this machine, before anything is loaded."""
         config = config or EngineConfig()

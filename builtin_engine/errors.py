@@ -1,5 +1,5 @@
-"""The engine's own error types. They carry meaning only; `plugins/builtin.py` maps each onto a
-`plugins.errors` class (the engine never imports `plugins`)."""
+"""The engine's own error types. They carry meaning only; `plugins/builtin/backend.py` maps each onto a
+`plugins.contract.errors` class (the engine never imports `plugins`)."""
 
 from __future__ import annotations
 

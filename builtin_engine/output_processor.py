@@ -20,7 +20,7 @@ from typing import Protocol
 
 from builtin_engine.outputs import ChoiceOutput, FinishReason, TokenLogprobs
 from builtin_engine.sequence import Sequence
-from builtin_engine.stop_strings import find_stop_string, held_back_len
+from builtin_engine.text.stop_strings import find_stop_string, held_back_len
 
 _log = logging.getLogger(__name__)
 

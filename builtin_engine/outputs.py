@@ -1,7 +1,7 @@
 """What the engine hands back per step: the new tokens and text of each choice of a request.
 
 Plain dataclasses with no torch behind them, so a client in another process decodes them as
-they are (`builtin_engine.engine_calls`)."""
+they are (`builtin_engine.process.calls`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Turn a step's logits into one new token per sampling sequence.
 
 Order, as in vLLM: the structured-output masks (tokens a sequence's grammar forbids next set to
--inf; only rows that have a grammar, see `builtin_engine.structured`), logits processors
+-inf; only rows that have a grammar, see `builtin_engine.text.structured`), logits processors
 (logit_bias, min_tokens ban on EOS / stop token ids, repetition / presence / frequency
 penalties), then `kernels.sample` does temperature, top-k, top-p, min-p and the pick,
 reproducibly per row from the row's seed and its number of generated
@@ -24,7 +24,7 @@ import torch
 import kernels
 from builtin_engine.outputs import TokenLogprobs
 from builtin_engine.sequence import Sequence
-from builtin_engine.structured import MaskBuffer
+from builtin_engine.text.structured import MaskBuffer
 
 LogprobsMode = Literal["raw", "processed"]
 _SEED_MASK = (1 << 63) - 1

@@ -1,6 +1,6 @@
 """Per-request sampling parameters as the engine sees them.
 
-Field names and defaults mirror `plugins.protocol.SamplingParams`, so the backend plugin converts
+Field names and defaults mirror `plugins.contract.protocol.SamplingParams`, so the backend plugin converts
 one into the other field by field; the engine does not import `plugins`. `None` means "not set",
 never a magic number. `grammar` is the engine's own addition (structured outputs).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from builtin_engine.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from builtin_engine.structured import Grammar
+    from builtin_engine.text.structured import Grammar
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +39,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     # Engine-only (not a protocol field): the compiled grammar the output must follow
-    # (`builtin_engine.structured`); each sequence decodes under its own matcher of it.
+    # (`builtin_engine.text.structured`); each sequence decodes under its own matcher of it.
     grammar: Grammar | None = None
 
     @property

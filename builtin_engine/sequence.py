@@ -14,7 +14,7 @@ from builtin_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from builtin_engine.pooling import PoolingParams, PoolingState
-    from builtin_engine.structured import Matcher
+    from builtin_engine.text.structured import Matcher
 
 
 class SequenceStatus(enum.Enum):

@@ -90,7 +90,7 @@ def engines_root() -> Path:
 
 
 def wheel_cache_dir() -> Path:
-    """Shared with builtin_engine.model_store: `$SWITCHYARD_WHEEL_CACHE`, else cache_root()/wheels."""
+    """Shared with builtin_engine.model.store: `$SWITCHYARD_WHEEL_CACHE`, else cache_root()/wheels."""
     env = os.environ.get("SWITCHYARD_WHEEL_CACHE")
     return Path(env).expanduser() if env else cache_root() / "wheels"
 

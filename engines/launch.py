@@ -193,13 +193,13 @@ def start_vllm(*, model: Path | None = None, served_model_names: Sequence[str] =
                log_dir: Path | None = None, timeout: float = 300.0, nice: int = 0,
                embeddings: bool = False) -> ServerProcess:
     """vLLM's OpenAI server from its own venv, serving an HF checkpoint directory (default: the
-    default model, converted by builtin_engine.model_store), with prompt-token details and
+    default model, converted by builtin_engine.model.store), with prompt-token details and
     prefix caching on."""
     python = Path(python) if python else install.vllm_python()
     if not python.is_file():
         raise EngineStartError(f"{python} not found; run `python -m engines.install vllm`")
     if model is None:
-        from builtin_engine.model_store import DEFAULT_MODEL, fetch_model
+        from builtin_engine.model.store import DEFAULT_MODEL, fetch_model
 
         model = fetch_model(DEFAULT_MODEL, progress=False)
     port = port or free_port(host)

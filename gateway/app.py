@@ -14,24 +14,24 @@ from litestar.datastructures import ResponseHeader, State
 from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
 
-from gateway import embeddings_api
-from gateway import schemas as S
-from gateway.auth import ClientKey, KeyRing, authorization_of
+from gateway.embeddings_api import handlers as embeddings_api
+from gateway.chat_api import schemas as S
+from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
 from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
 from gateway.ids import request_id_from
-from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
-from gateway.limits import ShuttingDown, cap_max_tokens, check_messages
+from gateway.service.admission import ShuttingDown, cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
-from gateway.chat_completions import collect, open_stream
+from gateway.chat_api.encode import collect, open_stream
 from gateway.responses_api import handlers as responses_api
-from gateway.service import Gateway
-from gateway.streamed_chat import RAISE_IN_HANDLER, chat_request_spec
-from gateway.validation import check_completion, completion_spec
-from plugins.errors import AuthenticationFailed, InvalidRequest
-from plugins.protocol import TokenizeRequest
+from gateway.service.gateway import Gateway
+from gateway.chat_api.streamed import RAISE_IN_HANDLER, chat_request_spec
+from gateway.chat_api.translate import check_completion, completion_spec
+from plugins.contract.errors import AuthenticationFailed, InvalidRequest
+from plugins.contract.protocol import TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
 
@@ -213,7 +213,7 @@ async def metrics(state: State) -> Response:
 
 def create_app(config: Config, gateway: Gateway | None = None, *, worker: int | None = None) -> Litestar:
     """The app for `config`; the lifespan builds the backends from it (or uses `gateway`). In a
-    server with several worker processes (`gateway.workers`), `worker` is this one's number,
+    server with several worker processes (`gateway.worker_pool`), `worker` is this one's number,
     sent in the `x-switchyard-worker` header of every answer."""
 
     @asynccontextmanager

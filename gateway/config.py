@@ -17,8 +17,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from gateway.responses_api.store import StoreConfig, check_store_config
-from plugins.errors import ConfigError
-from plugins.registry import BackendType, Route, Target
+from plugins.contract.errors import ConfigError
+from plugins.contract.config_types import BackendType, Route, Target
 
 
 class _Config(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -52,7 +52,7 @@ class KeyConfig(_Config):
 class ServerConfig(_Config):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
-    # processes serving the port (`gateway.workers`); "auto": one per core
+    # processes serving the port (`gateway.worker_pool`); "auto": one per core
     workers: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = 1
     max_body_bytes: Annotated[int, Meta(gt=0)] = 4 * 1024 * 1024
     # API keys clients must send as `Authorization: Bearer <key>`; empty means no auth. Also
@@ -156,7 +156,7 @@ class RouteConfig(_Config):
 
 
 class TelemetryConfig(_Config):
-    """`[telemetry]`: OpenTelemetry traces (gateway/telemetry.py), off unless `otlp_endpoint` is set."""
+    """`[telemetry]`: OpenTelemetry traces (gateway/observability/telemetry.py), off unless `otlp_endpoint` is set."""
 
     otlp_endpoint: Annotated[str, Meta(pattern=r"^https?://")] | None = None  # OTLP/HTTP (protobuf)
     service_name: Annotated[str, Meta(min_length=1)] = "switchyard"

@@ -1,4 +1,4 @@
-"""The one table that turns `plugins.errors` into HTTP: status, OpenAI error type, headers.
+"""The one table that turns `plugins.contract.errors` into HTTP: status, OpenAI error type, headers.
 
 Everything the gateway answers with an error goes through `error_payload`, whether as a JSON
 response or as a `data: {"error": ...}` event inside a stream that has already begun. On
@@ -21,10 +21,10 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from gateway import messages_api
 from gateway.ids import request_id_from
 from gateway.keys import BudgetExhausted, KeyLimitExceeded, StateUnavailable
-from gateway.limits import DeadlineExceeded, ShuttingDown
+from gateway.service.admission import DeadlineExceeded, ShuttingDown
 from gateway.messages_api.errors import error_response as anthropic_error
-from gateway.schemas import ErrorBody, ErrorResponse
-from plugins import errors as E
+from gateway.chat_api.schemas import ErrorBody, ErrorResponse
+from plugins.contract import errors as E
 
 log = logging.getLogger("switchyard.gateway")
 

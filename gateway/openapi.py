@@ -19,9 +19,9 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from gateway import embeddings_api as E
+from gateway.embeddings_api import handlers as E
 from gateway import messages_api
-from gateway import schemas as S
+from gateway.chat_api import schemas as S
 from gateway.messages_api import schemas as M
 from gateway.responses_api import schemas as R
 

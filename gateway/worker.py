@@ -1,7 +1,7 @@
 """One worker process of a server with `[server] workers` > 1: `python -m gateway.worker`.
 
 It reads its `WorkerSpec` (one JSON line) on stdin, serves the configuration on the listening
-socket its parent handed it (`gateway.serve`, with its own event loop, plugin manager and
+socket its parent handed it (`gateway.server`, with its own event loop, plugin manager and
 backends) and writes `ready` on stdout once it accepts requests. Its stdin stays open as a
 lifeline: when the parent goes away the worker drains and exits as on SIGTERM.
 """
@@ -30,10 +30,10 @@ def main() -> int:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # (set by the parent)
         from prometheus_client import values
 
-        from gateway.metric_values import mmap_value_class
+        from gateway.observability.multiprocess_values import mmap_value_class
 
         values.ValueClass = mmap_value_class()
-    from gateway.serve import serve
+    from gateway.server import serve
 
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=WorkerSpec)
     sock = socket.socket(fileno=spec.fd)

@@ -5,7 +5,7 @@ when `kernels/cpu_build.py` has built them for this machine, else None (the disp
 
 The ops, `torch.ops.switchyard_cpu.*`, have the references' signatures (`paged_attention_decode`
 in decode_attention.py, `paged_attention_prefill` in prefill_attention.py, `reshape_and_cache` in
-kv_cache.py; `packed_linear` that of `builtin_engine.packed_linear`'s Python op, over the matrices
+kv_cache.py; `packed_linear` that of `builtin_engine.model.packed_linear`'s Python op, over the matrices
 that module registers with `remember_packed`; `argmax_rows` torch.argmax's over a float32 matrix's
 rows, for the sampler) and fake (meta) implementations, so torch.compile traces them as opaque
 calls.

@@ -10,17 +10,17 @@ from typing import Any
 
 import pluggy
 
-from plugins import hookspecs
-from plugins.errors import ConfigError
-from plugins.registry import BackendType
+from plugins.contract import hookspecs
+from plugins.contract.errors import ConfigError
+from plugins.contract.config_types import BackendType
 
 # Built-in plugins register exactly the way a third-party package would: a module with hookimpls.
 BUILTIN_PLUGINS: dict[str, str] = {
-    "builtin": "plugins.builtin",
-    "vllm": "plugins.vllm",
-    "llamacpp": "plugins.llamacpp",
-    "openai_compatible": "plugins.openai_compatible",
-    "routing": "plugins.routing",
+    "builtin": "plugins.builtin.backend",
+    "vllm": "plugins.proxy.vllm",
+    "llamacpp": "plugins.proxy.llamacpp",
+    "openai_compatible": "plugins.proxy.openai_compatible",
+    "routing": "plugins.routing.strategies",
 }
 
 ENTRY_POINT_GROUP = "switchyard"

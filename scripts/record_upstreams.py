@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from scripts.engine_servers import add_engine_args, chosen_engines, engine_server  # noqa: E402
-from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
-from plugins.protocol import RequestSpec, SamplingParams  # noqa: E402
-from plugins.proxy import ProxyBackend  # noqa: E402
-from plugins.vllm import VLLMBackend, VLLMOptions  # noqa: E402
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
+from plugins.contract.protocol import RequestSpec, SamplingParams  # noqa: E402
+from plugins.proxy.backend import ProxyBackend  # noqa: E402
+from plugins.proxy.vllm import VLLMBackend, VLLMOptions  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 OUT = ROOT / "tests" / "recordings"

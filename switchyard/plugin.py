@@ -15,7 +15,7 @@ from pathlib import Path
 
 import switchyard  # noqa: F401 - binds `plugins` to Switchyard's own package first
 from plugins import hookimpl
-from plugins.errors import (
+from plugins.contract.errors import (
     AuthenticationFailed,
     ConfigError,
     ContextLengthExceeded,
@@ -28,7 +28,7 @@ from plugins.errors import (
     SwitchyardError,
     UpstreamError,
 )
-from plugins.protocol import (
+from plugins.contract.protocol import (
     EXTENSIONS,
     Backend,
     Capabilities,
@@ -52,7 +52,7 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
-from plugins.registry import BackendType, Route, Target
+from plugins.contract.config_types import BackendType, Route, Target
 
 PLUGIN_API_VERSION = (1, 0)
 
@@ -62,7 +62,7 @@ def model_dir(name_or_path: str) -> Path:
     Switchyard bundles, by name (converted once per machine into ~/.cache/switchyard by
     `switchyard models fetch NAME`; never downloaded here), or of a directory path.
     `ConfigError` when there is none."""
-    from builtin_engine.model_store import ModelStoreError, resolve_model
+    from builtin_engine.model.store import ModelStoreError, resolve_model
 
     try:
         return resolve_model(name_or_path, fetch=False)

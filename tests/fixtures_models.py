@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from builtin_engine.model_store import DEFAULT_MODEL, cache_root, fetch_model
+from builtin_engine.model.store import DEFAULT_MODEL, cache_root, fetch_model
 
 BUILDER_VERSION = "1"  # bump when the tiny model's tokenizer, template or weights change
 

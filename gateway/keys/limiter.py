@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.keys.limits import NO_COST, BudgetPeriod, KeyLimits, TokenCost, request_cost
 from gateway.keys.store import Admission, StateStore, StateStoreError, seconds_to_full
-from plugins.errors import Overloaded, SwitchyardError
-from plugins.protocol import RequestSpec, Usage
+from plugins.contract.errors import Overloaded, SwitchyardError
+from plugins.contract.protocol import RequestSpec, Usage
 
 log = logging.getLogger("switchyard.keys")
 

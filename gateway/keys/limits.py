@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Literal
 
 from gateway.config import KeyConfig
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 CHARS_PER_TOKEN = 4  # the usual English estimate; the settlement corrects it
 TOKENS_PER_MESSAGE = 4  # role and separators a chat template adds per message

@@ -20,7 +20,7 @@ from gateway.config import Config
 from gateway.keys.limiter import StateUnavailable, go_duration
 from gateway.keys.limits import BudgetPeriod, KeyLimits
 from gateway.keys.store import KeyUsage, StateStore, StateStoreError, seconds_to_full
-from plugins.errors import PermissionDenied
+from plugins.contract.errors import PermissionDenied
 
 USAGE_PATH = "/switchyard/keys/usage"
 

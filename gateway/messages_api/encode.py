@@ -24,9 +24,17 @@ from gateway.errors import status_and_type
 from gateway.ids import token_hex
 from gateway.messages_api import schemas as M
 from gateway.messages_api.errors import error_response
-from gateway.schemas import ErrorResponse
-from plugins.errors import SwitchyardError, UpstreamError
-from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
+from gateway.chat_api.schemas import ErrorResponse
+from plugins.contract.errors import SwitchyardError, UpstreamError
+from plugins.contract.protocol import (
+    Event,
+    Finish,
+    ReasoningDelta,
+    RequestSpec,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 
 _encode = msgspec.json.Encoder().encode
 
@@ -64,7 +72,7 @@ _MESSAGE_STOP = _sse(b"message_stop", M.MessageStop())
 
 
 class MessageStream:
-    """One streamed message (a `gateway.serving.StreamWriter`): which block is open (its kind
+    """One streamed message (a `gateway.service.attempts.StreamWriter`): which block is open (its kind
     and index), the tool calls seen, the finish."""
 
     def __init__(self, spec: RequestSpec) -> None:
@@ -154,7 +162,7 @@ class MessageStream:
 
 
 class MessageSink:
-    """A message that does not stream, assembled from its events (a `gateway.serving.EventSink`)."""
+    """A message that does not stream, assembled from its events (a `gateway.service.attempts.EventSink`)."""
 
     def __init__(self) -> None:
         self.reasoning: list[str] = []

@@ -1,5 +1,5 @@
 """The HTTP handlers of the Messages API, served through the shared machinery
-(`gateway.serving`, `gateway.http_common`) with its own stream writer and sink (`encode`)."""
+(`gateway.service.attempts`, `gateway.http.common`) with its own stream writer and sink (`encode`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.accounting import RequestAccounting
-from gateway.http_common import authorize, decode_body, resolve_for_tokens, response_headers, serve
-from gateway.limits import cap_max_tokens, check_messages
+from gateway.service.accounting import RequestAccounting
+from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
 from gateway.messages_api.translate import count_tokens_request, messages_spec
-from gateway.service import Gateway
-from gateway.serving import Served, collect_events, open_events, stream_body
-from plugins.protocol import RequestSpec
+from gateway.service.gateway import Gateway
+from gateway.service.attempts import Served, collect_events, open_events, stream_body
+from plugins.contract.protocol import RequestSpec
 
 
 async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:

@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from gateway.messages_api import schemas as M
-from plugins.errors import InvalidRequest
-from plugins.protocol import RequestSpec, SamplingParams, TokenizeRequest
+from plugins.contract.errors import InvalidRequest
+from plugins.contract.protocol import RequestSpec, SamplingParams, TokenizeRequest
 
 
 def messages_spec(req: M.MessagesRequest, *, request_id: str) -> RequestSpec:

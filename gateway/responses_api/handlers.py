@@ -13,14 +13,14 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.datastructures import State
 
-from gateway.http_common import authorize, decode_body, response_headers, serve
-from gateway.limits import cap_max_tokens, check_messages
+from gateway.http.common import authorize, decode_body, response_headers, serve
+from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.responses_api import schemas as R
-from gateway.responses_api import service, translate
-from gateway.responses_api.output import new_id
+from gateway.responses_api import respond as service, translate
+from gateway.responses_api.encode import new_id
 from gateway.responses_api.store import StoreConfig, open_store
-from gateway.service import Gateway
-from plugins.errors import InvalidRequest, NotFound
+from gateway.service.gateway import Gateway
+from plugins.contract.errors import InvalidRequest, NotFound
 
 CANCEL_WAIT_S = 10.0  # how long a cancel waits for the response to end before answering
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from gateway.schemas import Temperature, TopP
+from gateway.chat_api.schemas import Temperature, TopP
 
 
 class _Request(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from gateway.responses_api.schemas import Response
-from plugins.errors import ConfigError, UpstreamError
+from plugins.contract.errors import ConfigError, UpstreamError
 
 
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

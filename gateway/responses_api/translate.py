@@ -16,8 +16,8 @@ import msgspec
 
 from gateway.errors import from_decode_error
 from gateway.responses_api import schemas as R
-from plugins.errors import InvalidRequest
-from plugins.protocol import RequestSpec, SamplingParams
+from plugins.contract.errors import InvalidRequest
+from plugins.contract.protocol import RequestSpec, SamplingParams
 
 _ITEM_TYPES: dict[str, type[msgspec.Struct]] = {
     "message": R.MessageItem,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from plugins.errors import ConfigError
+from plugins.contract.errors import ConfigError
 from plugins.fleet.options import DiscoveryOptions
 
 

@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugins import http1
-from plugins.errors import BREAKER_KINDS, SwitchyardError, UpstreamError
+from plugins.transport import http1
+from plugins.contract.errors import BREAKER_KINDS, SwitchyardError, UpstreamError
 from plugins.fleet.balance import make_balancer
 from plugins.fleet.balance.base import Choice
 from plugins.fleet.discovery import Discovery, DiscoveryError, StaticDiscovery, discovery_for
 from plugins.fleet.load_signals import LOAD_SOURCES, LoadSignalError, LoadSource
 from plugins.fleet.options import LoadSignalOptions, PrefixCacheOptions, ReplicaBreakerOptions
 from plugins.fleet.replica import Replica, ReplicaStats
-from plugins.health import BreakerState, HealthMonitor
-from plugins.protocol import RequestSpec
+from plugins.transport.health import BreakerState, HealthMonitor
+from plugins.contract.protocol import RequestSpec
 
 log = logging.getLogger("switchyard.fleet")
 
@@ -93,7 +93,7 @@ class Fleet:
     @classmethod
     def from_options(cls, backend: str, options: Any, *, make_pool: Callable[[str], http1.Pool],
                      load_sources: Sequence[str], health_path: str) -> Fleet:
-        """The fleet a proxy backend's options (`plugins.proxy_options.ProxyOptions`) describe;
+        """The fleet a proxy backend's options (`plugins.proxy.options.ProxyOptions`) describe;
         `load_sources` are the backend type's own, used when `load_signals.source` is "auto"."""
         launch = getattr(options, "launch", None) is not None if "launch" in type(options).__struct_fields__ else None
         discovery = discovery_for(backend, base_url=options.base_url, endpoints=options.endpoints,

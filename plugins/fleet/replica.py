@@ -7,7 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from plugins import http1
+from plugins.transport import http1
 from plugins.fleet.load_signals import LoadSnapshot
 
 MAX_SCRAPE_BYTES = 4 << 20

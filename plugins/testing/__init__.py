@@ -1,5 +1,5 @@
 """The conformance battery: checks any backend plugin against the contract the gateway relies
-on (`plugins.protocol`), with a plain-language verdict per check.
+on (`plugins.contract.protocol`), with a plain-language verdict per check.
 
 Three ways in:
 - `switchyard plugin-check [CONFIG] --backend NAME` — the backend named in a plugins.toml;

@@ -1,4 +1,4 @@
-"""The event grammar of `plugins.protocol`, as a list of the rules a sequence breaks:
+"""The event grammar of `plugins.contract.protocol`, as a list of the rules a sequence breaks:
 
     per choice i in range(n): TextDelta / ReasoningDelta / ToolCallDelta ...  then one Finish(i)
     then exactly one Usage, last
@@ -16,7 +16,15 @@ from __future__ import annotations
 import json
 import typing
 
-from plugins.protocol import Event, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from plugins.contract.protocol import (
+    Event,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 
 REASONS = frozenset(typing.get_args(FinishReason))
 KNOWN = (TextDelta, ReasoningDelta, ToolCallDelta, Finish, Usage)

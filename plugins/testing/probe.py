@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.errors import InvalidRequest, SwitchyardError
-from plugins.protocol import Backend, Capabilities, ModelInfo, RequestSpec, TokenizeRequest
+from plugins.contract.errors import InvalidRequest, SwitchyardError
+from plugins.contract.protocol import Backend, Capabilities, ModelInfo, RequestSpec, TokenizeRequest
 from plugins.testing.specs import build_spec, gateway_refusal
 from plugins.testing.trace import Trace
 

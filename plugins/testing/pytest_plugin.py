@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from plugins.errors import ConfigError
+from plugins.contract.errors import ConfigError
 from plugins.testing.registry import Verdict, ordered
 from plugins.testing.report import format_verdict
 from plugins.testing.runner import Battery

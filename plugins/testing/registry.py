@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from plugins.errors import ConfigError
+from plugins.contract.errors import ConfigError
 
 if TYPE_CHECKING:
     from plugins.testing.probe import Probe

@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from plugins.errors import ConfigError
+from plugins.contract.errors import ConfigError
 from plugins.manager import backend_types, build_plugin_manager
-from plugins.protocol import Backend
+from plugins.contract.protocol import Backend
 
 
 @dataclass

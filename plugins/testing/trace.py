@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plugins.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
+from plugins.contract.protocol import (
+    Event,
+    Finish,
+    ReasoningDelta,
+    RequestSpec,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from plugins.testing.registry import Failed
 
 SHOWN_HEAD = 24  # events printed from the start of a long sequence

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from builtin_engine.device import resolve_placement
-from builtin_engine.model_store import cache_root
+from builtin_engine.runner.device import resolve_placement
+from builtin_engine.model.store import cache_root
 from tests.support.server import running_server
 
 if not resolve_placement("cpu", "bfloat16").compile:
@@ -61,7 +61,7 @@ def test_compiled_before_ready_and_cached(servers: tuple[str, str, Path]) -> Non
     compiled, _, log_dir = servers
     assert httpx.get(compiled + "/ready", timeout=10).status_code == 200  # the first answer is already yes
     log = next(log_dir.glob("server-*.log")).read_text()
-    assert "every step prepared in" in log  # the whole-step graph (builtin_engine.step_graph)
+    assert "every step prepared in" in log  # the whole-step graph (builtin_engine.runner.step_graph)
     assert "bfloat16, decode step compiled (inductor)" in log
     assert any((cache_root() / "compile").glob("torch-*/*"))
 

@@ -21,7 +21,7 @@ def _one_torch_thread() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir: Path):  # noqa: ANN201
-    from builtin_engine.tokenizer import Tokenizer
+    from builtin_engine.text.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(tiny_model_dir)
 
@@ -31,9 +31,9 @@ def make_engine(tiny_model_dir: Path, tiny_tokenizer) -> Callable[..., object]: 
     """make_engine(model_dir=tiny, **EngineConfig fields) -> LLMEngine (not started), with a
     detokenizer over the model's tokenizer."""
     from builtin_engine.config import EngineConfig
-    from builtin_engine.detokenizer import IncrementalDetokenizer
+    from builtin_engine.text.detokenizer import IncrementalDetokenizer
     from builtin_engine.engine import LLMEngine
-    from builtin_engine.tokenizer import Tokenizer
+    from builtin_engine.text.tokenizer import Tokenizer
 
     def make(model_dir: Path | None = None, **config: object) -> LLMEngine:
         model_dir = model_dir or tiny_model_dir

@@ -11,9 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from plugins.builtin import BuiltinBackend, BuiltinOptions, switchyard_backend_types
-from plugins.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, Overloaded
-from plugins.protocol import (
+from plugins.builtin.backend import BuiltinBackend, BuiltinOptions, switchyard_backend_types
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, Overloaded
+from plugins.contract.protocol import (
     Backend,
     Finish,
     RequestSpec,
@@ -68,7 +68,7 @@ def test_hook_options_and_lazy_imports(tmp_path: Path) -> None:
     assert BuiltinOptions().model == "smollm2-135m-instruct"
     assert BuiltinBackend("b", BuiltinOptions()).served_model_name == "smollm2-135m-instruct"
     assert BuiltinBackend("b", BuiltinOptions(model=str(tmp_path))).served_model_name == tmp_path.name
-    code = "import sys, plugins.builtin; sys.exit('torch' in sys.modules or 'builtin_engine.engine' in sys.modules)"
+    code = "import sys, plugins.builtin.backend; sys.exit('torch' in sys.modules or 'builtin_engine.engine' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2]).returncode == 0
 
 

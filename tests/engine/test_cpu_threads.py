@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from builtin_engine.cpu_threads import call_in_own_thread
+from builtin_engine.runner.cpu_threads import call_in_own_thread
 
 
 def test_runs_in_another_thread_and_returns_its_result() -> None:
@@ -37,7 +37,7 @@ def _env_after_import(env: dict[str, str]) -> str:
 
 
 def test_importing_the_engine_caps_openmps_spin_before_torch_loads() -> None:
-    from builtin_engine.cpu_threads import OPENMP_SPIN_COUNT
+    from builtin_engine.runner.cpu_threads import OPENMP_SPIN_COUNT
 
     assert _env_after_import({}) == f"{OPENMP_SPIN_COUNT} None"
 

@@ -14,8 +14,8 @@ import torch
 
 import kernels
 from builtin_engine.config import EngineConfig
-from builtin_engine.device import DeviceError, resolve_placement
-from plugins.builtin import BuiltinOptions
+from builtin_engine.runner.device import DeviceError, resolve_placement
+from plugins.builtin.backend import BuiltinOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without a GPU")
@@ -52,7 +52,7 @@ def test_malformed_devices_are_refused(device: str) -> None:
 
 
 def test_compile_without_a_compiler_is_an_error(monkeypatch) -> None:  # noqa: ANN001
-    from builtin_engine import device
+    from builtin_engine.runner import device
 
     monkeypatch.setattr(device.shutil, "which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)

@@ -129,8 +129,8 @@ def hf_default(default_model_dir) -> HFReference:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def default_prompts(default_model_dir) -> list[list[int]]:  # noqa: ANN001
-    from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.tokenizer import Tokenizer
+    from builtin_engine.text.chat_template import ChatTemplate
+    from builtin_engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(default_model_dir)
     template = ChatTemplate.from_dir(default_model_dir)

@@ -28,7 +28,7 @@ def test_projections_in_bfloat16_the_rest_in_float32(make_engine) -> None:  # no
 def test_packed_projection_gives_the_plain_bfloat16_matmul(make_engine) -> None:  # noqa: ANN001
     """On CPUs where oneDNN packs bfloat16 weights, the packed matmul is the one `F.linear` runs on
     bfloat16 operands, bit for bit (only the per-call weight reordering is saved)."""
-    from builtin_engine.llama import _pack_for_onednn
+    from builtin_engine.model.llama import _pack_for_onednn
 
     model = make_engine(matmul_dtype="bfloat16").runner.model
     torch.manual_seed(0)
@@ -70,8 +70,8 @@ def test_default_model_close_to_float32(make_engine, default_model_dir) -> None:
     """The France question's first token is a near-tie in float32 ("The" 24.723, "La" 24.714):
     bfloat16 projections may flip it, so what holds is closeness: the same top 3, logprobs
     within 0.05."""
-    from builtin_engine.chat_template import ChatTemplate
-    from builtin_engine.tokenizer import Tokenizer
+    from builtin_engine.text.chat_template import ChatTemplate
+    from builtin_engine.text.tokenizer import Tokenizer
 
     messages = [{"role": "system", "content": "You are a concise assistant."},
                 {"role": "user", "content": "What is the capital of France?"}]

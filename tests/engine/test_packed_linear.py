@@ -1,4 +1,4 @@
-"""float32 matrices packed for oneDNN (`builtin_engine.packed_linear`): a row's result does not
+"""float32 matrices packed for oneDNN (`builtin_engine.model.packed_linear`): a row's result does not
 depend on the rows beside it, it is the float32 product up to summation order, and the op a
 compiled graph calls (the Python one, and the C++ one where the kernels are built) gives the eager
 result, until its matrix is freed. The token-level check is tests/engine/test_hf_parity.py."""
@@ -10,7 +10,7 @@ import gc
 import pytest
 import torch
 
-from builtin_engine import packed_linear
+from builtin_engine.model import packed_linear
 from kernels import cpu_ext
 
 pytestmark = pytest.mark.skipif(not packed_linear.can_pack(torch.zeros(1, 1)),

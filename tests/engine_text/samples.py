@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builtin_engine.tokenizer import Tokenizer, _byte_level_table
+from builtin_engine.text.tokenizer import Tokenizer, _byte_level_table
 
 TEXTS = {
     "ascii": "Hello, world! The quick brown fox jumps over the lazy dog. 1 + 2 = 3.",

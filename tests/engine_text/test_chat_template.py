@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from builtin_engine.chat_template import ChatTemplate, ChatTemplateError
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.chat_template import ChatTemplate, ChatTemplateError
+from builtin_engine.text.tokenizer import Tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a concise assistant."}
 USER = {"role": "user", "content": "What is the capital of France?"}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builtin_engine.chat_template import ChatTemplate
-from builtin_engine.detokenizer import IncrementalDetokenizer
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.chat_template import ChatTemplate
+from builtin_engine.text.detokenizer import IncrementalDetokenizer
+from builtin_engine.text.tokenizer import Tokenizer
 
 
 @pytest.mark.slow

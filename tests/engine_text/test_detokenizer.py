@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builtin_engine.detokenizer import IncrementalDetokenizer
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.detokenizer import IncrementalDetokenizer
+from builtin_engine.text.tokenizer import Tokenizer
 from tests.engine_text.samples import TEXTS, byte_level_ids, make_spm_tokenizer, make_wordpiece_tokenizer
 from tests.fixtures_models import EOT
 

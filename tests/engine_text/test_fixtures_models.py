@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builtin_engine.chat_template import ChatTemplate
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.chat_template import ChatTemplate
+from builtin_engine.text.tokenizer import Tokenizer
 from tests.fixtures_models import BOS, EOS, EOT, cached_tiny_model
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from builtin_engine import model_store
-from builtin_engine.model_store import (
+from builtin_engine.model import store as model_store
+from builtin_engine.model.store import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
     MARKER_FILE,

@@ -14,10 +14,10 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.http_server import ExchangeProtocol
-from gateway.serve import DrainingServer
-from gateway.service import Gateway
-from gateway.streamed_chat import StreamedChatFront
+from gateway.http.exchange_protocol import ExchangeProtocol
+from gateway.server import DrainingServer
+from gateway.service.gateway import Gateway
+from gateway.chat_api.streamed import StreamedChatFront
 from tests.support.server import free_port
 
 

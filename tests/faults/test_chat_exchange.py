@@ -1,4 +1,4 @@
-"""The streamed chat route served by our own server exchange (`gateway/chat_exchange.py`, no ASGI
+"""The streamed chat route served by our own server exchange (`gateway/chat_api/exchange.py`, no ASGI
 cycle), seen on raw sockets: the same head bytes uvicorn's cycle writes (the plain gateway is
 the bare Litestar app on uvicorn's own protocol), keep-alive and pipelined requests mixing it with
 routes Litestar answers on one connection, `Connection: close` and HTTP/1.0 as uvicorn answers
@@ -13,7 +13,7 @@ import uuid
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from gateway.chat_exchange import ChatExchange
+from gateway.chat_api.exchange import ChatExchange
 from tests.faults.conftest import chat
 from tests.faults.harness import GatewayThread
 from tests.faults.test_pushed_stream import data_of

@@ -15,8 +15,8 @@ import uuid
 import httpx
 import pytest
 
-from gateway.stream_feed import StreamFeed
-from plugins.proxy_stream import UpstreamEvents
+from gateway.service.stream_feed import StreamFeed
+from plugins.proxy.stream import UpstreamEvents
 from tests.faults.conftest import ENGINES, IDLE_S, chat, fault_config
 from tests.faults.harness import GatewayThread
 from tests.support.faulty_upstream import FaultyUpstream

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.serving import Observed
-from gateway.sse import ChunkEncoder
-from gateway.stream_feed import StreamFeed
-from plugins.http1 import Response
-from plugins.proxy_stream import BodyPieces, UpstreamEvents
-from plugins.sse_parser import SSEParser
-from plugins.upstream_events import StreamNormalizer
+from gateway.service.attempts import Observed
+from gateway.chat_api.chunks import ChunkEncoder
+from gateway.service.stream_feed import StreamFeed
+from plugins.transport.http1 import Response
+from plugins.proxy.stream import BodyPieces, UpstreamEvents
+from plugins.transport.sse import SSEParser
+from plugins.proxy.normalize import StreamNormalizer
 from tests.faults.conftest import ENGINES, chat
 from tests.faults.harness import GatewayThread
 from tests.support.probes import wait_until

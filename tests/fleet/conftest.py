@@ -19,7 +19,7 @@ import pytest
 
 from engines import install
 from engines.launch import ServerProcess, start_llamacpp
-from plugins.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, SamplingParams
 
 MODEL = "smollm2-135m-instruct"
 CTX = 4096  # two slots of 2048 tokens

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgspec
 
-from plugins.builtin import BuiltinBackend, BuiltinOptions
-from plugins.protocol import RequestSpec, SamplingParams, TextDelta, Usage
+from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
+from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, Usage
 
 
 def test_builtin_load_is_the_scheduler_state(tiny_model_dir: Path) -> None:

@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from gateway.config import parse_config, resolve_backend_options
-from gateway.service import Gateway
-from plugins.errors import ConfigError, UpstreamError
+from gateway.service.gateway import Gateway
+from plugins.contract.errors import ConfigError, UpstreamError
 from plugins.fleet import options as fleet_options
 from plugins.manager import backend_types, build_plugin_manager
 from tests.fleet.conftest import DnsZone, chat
@@ -93,7 +93,7 @@ def test_a_dns_server_that_does_not_answer_is_named() -> None:
 def _fleet_keys() -> set[str]:
     structs = [s for _, s in vars(fleet_options).items() if isinstance(s, type) and issubclass(s, msgspec.Struct)]
     keys = {f.encode_name for s in structs for f in msgspec.structs.fields(s)}
-    from plugins.proxy_options import ProxyOptions
+    from plugins.proxy.options import ProxyOptions
 
     # the proxy options a fleet adds (the others are documented with the proxy backends)
     fleet_fields = {"endpoints", "discovery", "balance", "replica_attempts", "replica_breaker", "load_signals", "prefix_cache"}

@@ -13,7 +13,7 @@ from plugins.fleet.balance.prefix_index import PrefixIndex, prompt_blocks
 from plugins.fleet.load_signals import LoadSnapshot
 from plugins.fleet.options import PrefixCacheOptions
 from plugins.fleet.replica import Replica
-from plugins.http1 import Pool
+from plugins.transport.http1 import Pool
 from tests.fleet.conftest import chat, tenant_prompt
 
 

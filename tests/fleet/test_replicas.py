@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from engines.launch import ServerProcess
-from plugins.health import BreakerState
-from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions
-from plugins.protocol import Finish, RequestSpec, Usage
+from plugins.transport.health import BreakerState
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
+from plugins.contract.protocol import Finish, RequestSpec, Usage
 from tests.fleet.conftest import MODEL, DnsZone, chat, replicas, tenant_prompt
 from tests.support.probes import metric, wait_until_async
 from tests.support.server import running_server
@@ -205,8 +205,8 @@ def echo_upstreams() -> Iterator[list[str]]:
 def test_a_b_between_fleets_stays_exact(echo_upstreams: list[str], tmp_path: Path) -> None:
     """A sticky 70/30 route whose two targets are fleets: every user lands on the target the
     route's hash gives it, whichever replica serves inside."""
-    from plugins.registry import Target
-    from plugins.routing import pick_rendezvous
+    from plugins.contract.config_types import Target
+    from plugins.routing.strategies import pick_rendezvous
 
     fleets = {"blue": echo_upstreams[:2], "green": echo_upstreams[2:]}
     config = '[plugins]\ndisable = ["builtin"]\n\n'

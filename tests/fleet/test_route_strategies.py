@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from gateway.config import parse_config
-from gateway.service import Gateway
-from plugins.errors import ConfigError
+from gateway.service.gateway import Gateway
+from plugins.contract.errors import ConfigError
 from tests.fleet.conftest import tenant_prompt
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
 

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.messages_api import schemas as M
 from gateway.messages_api.translate import count_tokens_request, messages_spec
-from plugins.errors import InvalidRequest
+from plugins.contract.errors import InvalidRequest
 
 
 def spec_of(**body):  # noqa: ANN003, ANN201

@@ -4,7 +4,7 @@ backend spells token t as t x's, which a fuzzer's 2**31 - 1 would make a 2 GB st
 from __future__ import annotations
 
 from plugins import hookimpl
-from plugins.registry import BackendType
+from plugins.contract.config_types import BackendType
 from tests.support.echo_backend import EchoBackend, EchoOptions
 
 

@@ -1,4 +1,4 @@
-"""Property tests of the incremental detokenizer (`builtin_engine/detokenizer.py`) on the tiny
+"""Property tests of the incremental detokenizer (`builtin_engine/text/detokenizer.py`) on the tiny
 model's byte-level tokenizer: any UTF-8 text, its bytes split anywhere into token runs (so a
 character's bytes straddle tokens, as a model may emit them), streams back to exactly the text,
 and no piece ever carries a U+FFFD for a character that was merely split."""
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builtin_engine.detokenizer import IncrementalDetokenizer
-from builtin_engine.tokenizer import Tokenizer
+from builtin_engine.text.detokenizer import IncrementalDetokenizer
+from builtin_engine.text.tokenizer import Tokenizer
 from tests.engine_text.samples import byte_level_ids
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"

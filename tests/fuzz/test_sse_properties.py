@@ -4,7 +4,7 @@
   character), with any of the three line endings and an optional BOM, parses to exactly the
   events it was written from.
 - Garbage — arbitrary bytes, or JSON of any shape where a chunk should be — never raises
-  anything but the typed error (`plugins.errors.SwitchyardError`, an `UpstreamError` for a
+  anything but the typed error (`plugins.contract.errors.SwitchyardError`, an `UpstreamError` for a
   broken stream), which the gateway turns into a 502 or an error event. Anything else would be
   a 500 before the first byte, or a stream cut without its error event after it.
 """
@@ -18,10 +18,10 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plugins.errors import SwitchyardError
-from plugins.upstream_events import StreamNormalizer
-from plugins.protocol import RequestSpec, SamplingParams
-from plugins.sse_parser import SSEEvent, SSEParser
+from plugins.contract.errors import SwitchyardError
+from plugins.proxy.normalize import StreamNormalizer
+from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.transport.sse import SSEEvent, SSEParser
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"
 EXAMPLES = 2000 if LONG else 200

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.support.server import ROOT, echo_config
 
 GOOD = echo_config(models=["a", "b"], token_delay_s=0.01)

@@ -1,4 +1,4 @@
-"""gateway/http_protocol.py: uvicorn's request cycle with the response head written together with
+"""gateway/http/head_protocol.py: uvicorn's request cycle with the response head written together with
 the first body piece: the same bytes in one write less."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.http_protocol import _HeadWithBodyCycle
+from gateway.http.head_protocol import _HeadWithBodyCycle
 
 pytestmark = pytest.mark.anyio
 

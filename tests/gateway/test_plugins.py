@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from gateway import config as config_module
-from plugins import hookspecs
+from plugins.contract import hookspecs
 from plugins.manager import ENTRY_POINT_GROUP
 from tests.gateway.conftest import Server
 from tests.gateway.helpers import user
@@ -31,8 +31,8 @@ PLUGIN_MODULE = '''
 import msgspec
 
 from plugins import hookimpl
-from plugins.protocol import Capabilities, Finish, ModelInfo, TextDelta, TokenizeResult, Usage
-from plugins.registry import BackendType
+from plugins.contract.protocol import Capabilities, Finish, ModelInfo, TextDelta, TokenizeResult, Usage
+from plugins.contract.config_types import BackendType
 
 
 class FixedOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

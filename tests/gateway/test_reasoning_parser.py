@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.protocol import Finish, ReasoningDelta, TextDelta, Usage
-from plugins.reasoning import ReasoningSplitter, ThinkTagParser, choose_parser
+from plugins.contract.protocol import Finish, ReasoningDelta, TextDelta, Usage
+from plugins.parsers.reasoning import ReasoningSplitter, ThinkTagParser, choose_parser
 
 
 def _split_all_ways(text: str, in_reasoning: bool) -> set[tuple[str, str]]:

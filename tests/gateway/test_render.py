@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gateway.app import first_difference
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.gateway.conftest import backend_table
 from tests.support.server import echo_config, running_server
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gateway.sse import ChunkEncoder
-from plugins.protocol import Usage
+from gateway.chat_api.chunks import ChunkEncoder
+from plugins.contract.protocol import Usage
 
 MODELS = ["bench-model", "a%db%%s%", 'q"uote\\', "ünï €"]
 TEXTS = [" t5", "%d %s %b %%", 'new\nline "quoted" \\ \u2028 \x00', "ü€😀"]
@@ -55,8 +55,8 @@ def test_text_chunks_are_the_objects_json(model: str, chat: bool, include_usage:
 def test_a_batch_of_one_token_is_what_the_general_loop_writes(chat: bool) -> None:
     """`_StreamState.feed` writes a batch of one plain text delta without its loop: the same bytes
     as the loop gives (the loop runs when a usage event, which writes nothing here, follows)."""
-    from gateway.chat_completions import _StreamState
-    from plugins.protocol import RequestSpec, SamplingParams, TextDelta, TokenLogprob
+    from gateway.chat_api.encode import _StreamState
+    from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, TokenLogprob
 
     spec = RequestSpec(request_id="r", kind="chat" if chat else "completion", model="m", upstream_model="m",
                        sampling=SamplingParams(n=2))

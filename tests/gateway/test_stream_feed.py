@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import types
 
-from gateway.accounting import RequestAccounting
-from gateway.chat_completions import _StreamState
+from gateway.service.accounting import RequestAccounting
+from gateway.chat_api.encode import _StreamState
 from gateway.keys import NO_RESERVATION
-from gateway.request_timer import RequestTimer
-from gateway.sse import ChunkEncoder
-from gateway.stream_feed import StreamFeed
-from plugins.protocol import RequestSpec, SamplingParams, TextDelta
+from gateway.service.request_timer import RequestTimer
+from gateway.chat_api.chunks import ChunkEncoder
+from gateway.service.stream_feed import StreamFeed
+from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta
 
 TOKENS = [(0, " a"), (1, "é\"\\\n"), (0, "%s %d"), (1, "\u2028 \U0001f600")]
 

@@ -1,5 +1,5 @@
 """Streamed chat completions are served in front of Litestar's per-request layers
-(`gateway/streamed_chat.py`); what the client sees must be what Litestar's own routes send."""
+(`gateway/chat_api/streamed.py`); what the client sees must be what Litestar's own routes send."""
 
 from __future__ import annotations
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import KeyRing
+from gateway.keys.keyring import KeyRing
 from gateway.config import parse_config
 from gateway.keys import KeyLimits
 from gateway.keys.usage import is_loopback
-from plugins.errors import ConfigError
+from plugins.contract.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_a_parallel_slot_is_held_at_most_the_longest_deadline() -> None:
 
 
 def test_the_state_password_is_a_secret() -> None:
-    from gateway.auth import Redactor
+    from gateway.keys.keyring import Redactor
 
     config = parse_config('[server]\nstate = "redis://:hunter2-pass@10.0.0.5:6379/1"\n', "plugins.toml")
     assert "hunter2-pass" not in repr(config.server) and "//***@10.0.0.5" in repr(config.server)

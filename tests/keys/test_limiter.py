@@ -14,7 +14,7 @@ from gateway.keys.limiter import go_duration
 from gateway.keys.limits import BudgetPeriod, estimate_prompt_tokens, request_cost
 from gateway.keys.redis_store import RedisStore
 from gateway.keys.store import MemoryStore
-from plugins.protocol import RequestSpec, SamplingParams, Usage
+from plugins.contract.protocol import RequestSpec, SamplingParams, Usage
 from tests.keys.conftest import FakeClock
 from tests.support.server import free_port
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from gateway.new_plugin import write_package
+from gateway.cli.scaffold import write_package
 
 TOY = "toy"
 

@@ -10,8 +10,16 @@ from typing import Any
 
 import msgspec
 
-from plugins.errors import ContextLengthExceeded, InvalidRequest
-from plugins.protocol import Capabilities, EmbedRequest, EmbedResult, Event, Finish, RequestSpec, Usage
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest
+from plugins.contract.protocol import (
+    Capabilities,
+    EmbedRequest,
+    EmbedResult,
+    Event,
+    Finish,
+    RequestSpec,
+    Usage,
+)
 
 
 class Defective:

@@ -59,7 +59,7 @@ def test_every_check_is_explained_in_the_readme() -> None:
 
 
 def test_every_extension_has_a_sample_request() -> None:
-    from plugins.protocol import EXTENSIONS
+    from plugins.contract.protocol import EXTENSIONS
     from plugins.testing.checks.capabilities import EXTENSION_SAMPLES
 
     assert set(EXTENSION_SAMPLES) == EXTENSIONS

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.new_plugin import write_package
-from plugins.errors import ConfigError
+from gateway.cli.scaffold import write_package
+from plugins.contract.errors import ConfigError
 from plugins.testing import CHECKS
 from tests.support.server import ROOT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.protocol import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from plugins.contract.protocol import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from plugins.testing.grammar import grammar_problems
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=2)

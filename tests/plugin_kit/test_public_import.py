@@ -17,7 +17,7 @@ import plugins
 assert plugins.__file__ == {own!r}, plugins.__file__
 from plugins.manager import backend_types, build_plugin_manager
 assert "builtin" in backend_types(build_plugin_manager())
-assert PLUGIN_API_VERSION[0] == 1 and TextDelta.__module__ == "plugins.protocol"
+assert PLUGIN_API_VERSION[0] == 1 and TextDelta.__module__ == "plugins.contract.protocol"
 import switchyard.testing
 assert "concurrency" in switchyard.testing.CHECKS
 print("ok", sys.path.index({decoy!r}) < sys.path.index({root!r}))
@@ -48,7 +48,7 @@ def test_a_decoy_imported_first_is_named_not_silently_replaced(tmp_path: Path) -
 
 def test_everything_a_plugin_needs_is_exported() -> None:
     import switchyard.plugin as api
-    from plugins import errors, protocol, registry
+    from plugins.contract import errors, protocol, config_types as registry
 
     for module in (errors, protocol):
         public = {n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__}

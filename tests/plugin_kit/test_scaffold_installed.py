@@ -9,7 +9,7 @@ from pathlib import Path
 
 import openai
 
-from gateway.new_plugin import write_package
+from gateway.cli.scaffold import write_package
 from plugins.testing import CHECKS
 from tests.plugin_kit.conftest import pip_install, scratch_venv
 from tests.support.server import running_server

@@ -22,7 +22,7 @@ from engines.launch import ServerProcess, start_llamacpp, start_vllm
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT = 2048  # tokens per request on both engines: vLLM --max-model-len, llama.cpp -c 4096 -np 2
-PROXY_MODULES = ("plugins.vllm", "plugins.llamacpp", "plugins.openai_compatible")
+PROXY_MODULES = ("plugins.proxy.vllm", "plugins.proxy.llamacpp", "plugins.proxy.openai_compatible")
 ENGINES = ("llamacpp", "vllm")
 INSTALL_HINT = {"llamacpp": "python -m engines.install llamacpp", "vllm": "python -m engines.install vllm"}
 
@@ -98,7 +98,7 @@ def gateway_config(servers: dict[str, ServerProcess], *, builtin: bool = False) 
     from plugins.manager import BUILTIN_PLUGINS
 
     modules = [m for m in PROXY_MODULES if m not in BUILTIN_PLUGINS.values()]
-    has_builtin = importlib.util.find_spec("plugins.builtin") is not None
+    has_builtin = importlib.util.find_spec("plugins.builtin.backend") is not None
     lines = ["[plugins]", f"modules = {json.dumps(modules)}"]
     if not has_builtin or not builtin:
         lines.append('disable = ["builtin"]')

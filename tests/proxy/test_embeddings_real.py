@@ -37,7 +37,7 @@ def _start(engine: str, log_dir):  # noqa: ANN001, ANN202
 
 
 def _config(servers: dict) -> str:
-    lines = ['[plugins]', 'modules = ["plugins.vllm", "plugins.llamacpp"]', "",
+    lines = ['[plugins]', 'modules = ["plugins.proxy.vllm", "plugins.proxy.llamacpp"]', "",
              "[[backends]]", 'name = "builtin"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',
              'served_model_name = "emb-builtin"', f"max_model_len = {CONTEXT}", "num_threads = 1", ""]
     for engine, server in servers.items():

@@ -1,4 +1,4 @@
-"""The proxies' HTTP/1.1 client (plugins.http1) against small asyncio servers on loopback: body
+"""The proxies' HTTP/1.1 client (plugins.transport.http1) against small asyncio servers on loopback: body
 framings, keep-alive and its expiry, back-pressure, the pool limit, deadlines, failures."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from plugins import http1
+from plugins.transport import http1
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

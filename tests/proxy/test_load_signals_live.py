@@ -9,9 +9,9 @@ import msgspec
 import pytest
 
 from engines.launch import ServerProcess
-from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions
-from plugins.protocol import RequestSpec, SamplingParams
-from plugins.vllm import VLLMBackend, VLLMOptions
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
+from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.conftest import MODEL
 from tests.support.probes import wait_until_async
 

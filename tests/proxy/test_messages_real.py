@@ -35,7 +35,7 @@ THINK_TEMPLATE = (
 
 
 def _config(servers: dict[str, ServerProcess]) -> str:
-    lines = ["[plugins]", 'modules = ["plugins.vllm", "plugins.llamacpp"]', "",
+    lines = ["[plugins]", 'modules = ["plugins.proxy.vllm", "plugins.proxy.llamacpp"]', "",
              "[[backends]]", 'name = "builtin"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',
              'served_model_name = "claude-builtin"', f"max_model_len = {CONTEXT}", "num_threads = 1", "",
              "[[backends]]", 'name = "thinker"', 'type = "builtin"', "[backends.options]", f'model = "{MODEL}"',

@@ -9,11 +9,17 @@ import msgspec
 import pytest
 
 from gateway.errors import error_payload
-from plugins.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, SwitchyardError, UpstreamError
-from plugins.protocol import Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta, Usage
-from plugins.upstream_errors import error_from_body, map_upstream_error
-from plugins.upstream_events import StreamNormalizer
-from plugins.sse_parser import SSEParser
+from plugins.contract.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    SwitchyardError,
+    UpstreamError,
+)
+from plugins.contract.protocol import Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta, Usage
+from plugins.proxy.errors import error_from_body, map_upstream_error
+from plugins.proxy.normalize import StreamNormalizer
+from plugins.transport.sse import SSEParser
 from tests.proxy.recordings import Recording, all_recordings, find, recorded
 
 ALL = all_recordings()

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from gateway.config import parse_config, resolve_backend_options
-from plugins.errors import ConfigError
-from plugins.llamacpp import LlamaCppBackend
+from plugins.contract.errors import ConfigError
+from plugins.proxy.llamacpp import LlamaCppBackend
 from plugins.manager import BUILTIN_PLUGINS, backend_types, build_plugin_manager
-from plugins.openai_compatible import OpenAICompatibleBackend
-from plugins.vllm import VLLMBackend
+from plugins.proxy.openai_compatible import OpenAICompatibleBackend
+from plugins.proxy.vllm import VLLMBackend
 
-MODULES = [m for m in ("plugins.vllm", "plugins.llamacpp", "plugins.openai_compatible") if m not in BUILTIN_PLUGINS.values()]
+MODULES = [m for m in ("plugins.proxy.vllm", "plugins.proxy.llamacpp", "plugins.proxy.openai_compatible") if m not in BUILTIN_PLUGINS.values()]
 
 
 def resolve(text: str) -> list:

@@ -14,14 +14,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.validation import check_capabilities
-from plugins.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions, choice_grammar
-from plugins.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
-from plugins.protocol import Finish, RequestSpec, SamplingParams, TextDelta, TokenizeRequest, Usage
-from plugins.proxy import ProxyBackend
-from plugins.proxy_options import TimeoutOptions
-from plugins.vllm import VLLMBackend, VLLMOptions
+from gateway.chat_api.translate import check_capabilities
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, choice_grammar
+from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
+from plugins.contract.protocol import Finish, RequestSpec, SamplingParams, TextDelta, TokenizeRequest, Usage
+from plugins.proxy.backend import ProxyBackend
+from plugins.proxy.options import TimeoutOptions
+from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.recordings import Recording, find
 from tests.proxy.replay import Handler, Received, ReplayServer, http_head, replay, write_recording
 

@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from gateway.event_pump import EventPump
-from plugins.errors import UpstreamError
-from plugins.protocol import Event, TextDelta, Usage
+from gateway.service.event_pump import EventPump
+from plugins.contract.errors import UpstreamError
+from plugins.contract.protocol import Event, TextDelta, Usage
 from tests.proxy.recordings import find
 from tests.proxy.replay import ReplayServer, replay
 from tests.proxy.test_proxy_core import by_event, run, spec, vllm

@@ -162,8 +162,8 @@ def test_both_engines_build_the_same_prompt(gateway_url: str, engine_servers: di
     """The template inspector's core: the token ids each server really builds for a conversation."""
     if len(engine_servers) < 2:
         pytest.skip("needs both engines")
-    from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions
-    from plugins.vllm import VLLMBackend, VLLMOptions
+    from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
+    from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 
     async def render_both() -> dict[str, Any]:
         backends = {"llamacpp": LlamaCppBackend("l", LlamaCppOptions(base_url=engine_servers["llamacpp"].base_url)),
@@ -224,8 +224,8 @@ def test_same_shape_with_the_builtin_engine(engine_servers: dict[str, Any], tmp_
     from tests.proxy.conftest import gateway_config
     from tests.support.server import running_server
 
-    if importlib.util.find_spec("plugins.builtin") is None:
-        pytest.skip("plugins/builtin.py does not exist yet")
+    if importlib.util.find_spec("plugins.builtin.backend") is None:
+        pytest.skip("plugins/builtin/backend.py does not exist yet")
     if not engine_servers:
         pytest.skip("no proxied engine installed")
     config = gateway_config(engine_servers, builtin=True)
@@ -268,7 +268,7 @@ def test_cancellation_reaches_upstream(gateway_url: str, engine: str, engine_ser
 def test_plugin_launches_and_stops_llama_server(engine_servers: dict[str, ServerProcess]) -> None:
     if "llamacpp" not in engine_servers:
         pytest.skip("llama.cpp is not installed")
-    from plugins.llamacpp import LlamaCppBackend, LlamaCppLaunch, LlamaCppOptions
+    from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppLaunch, LlamaCppOptions
 
     async def main() -> None:
         backend = LlamaCppBackend("own", LlamaCppOptions(launch=LlamaCppLaunch(ctx_size=1024, parallel=1, threads=1)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.sse_parser import SSEEvent, SSEParser
+from plugins.transport.sse import SSEEvent, SSEParser
 from tests.proxy.recordings import Recording, all_recordings
 
 SSE = [r for r in all_recordings() if r.is_sse and r.status == 200]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gateway.config import parse_config
-from gateway.service import Gateway
-from plugins.protocol import RequestSpec, SamplingParams
+from gateway.service.gateway import Gateway
+from plugins.contract.protocol import RequestSpec, SamplingParams
 from tests.support.server import _toml, echo_config
 
 

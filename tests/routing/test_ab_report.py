@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.ab_report import build_report, read_log
-from gateway.cli import main
+from gateway.cli.ab_report import build_report, read_log
+from gateway.cli.main import main
 
 N = 1500
 TTFT_SHIFT = 0.040  # arm b is 40 ms slower to first token: the true difference of medians

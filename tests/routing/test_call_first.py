@@ -6,9 +6,10 @@ from __future__ import annotations
 import pluggy
 import pytest
 
-from plugins import hookimpl, hookspecs
+from plugins import hookimpl
+from plugins.contract import hookspecs
 from plugins.manager import build_plugin_manager, call_first
-from plugins.registry import Route, Target
+from plugins.contract.config_types import Route, Target
 
 ROUTE = Route(name="r", targets=(Target(backend="a", model="m"), Target(backend="b", model="m")), strategy="fallback")
 

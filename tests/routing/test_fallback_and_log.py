@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gateway.chat_completions import collect, open_stream
+from gateway.chat_api.encode import collect, open_stream
 from plugins import hookimpl
-from plugins.errors import InvalidRequest, Overloaded, UpstreamError
+from plugins.contract.errors import InvalidRequest, Overloaded, UpstreamError
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
 from tests.support.probes import metric
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from gateway.chat_completions import collect, open_stream
-from plugins.errors import UpstreamError
-from plugins.health import BreakerState, CircuitBreaker, HealthMonitor
+from gateway.chat_api.encode import collect, open_stream
+from plugins.contract.errors import UpstreamError
+from plugins.transport.health import BreakerState, CircuitBreaker, HealthMonitor
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
 from tests.support.probes import metric
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.gateway.helpers import chat_body, data_events
 from tests.routing.conftest import backend, config_text, route
 from tests.support.probes import metric, wait_until
@@ -91,7 +91,7 @@ def _gateway_config(upstream: str, log: Path) -> str:
         route("slow", [("local", 1)], shadow={"backend": "slowshadow"}),
         server={"request_log": str(log), "health_interval_s": 0.5},
     )
-    return text.replace('modules = ["tests.support.echo_backend"]', 'modules = ["tests.support.echo_backend", "plugins.openai_compatible"]')
+    return text.replace('modules = ["tests.support.echo_backend"]', 'modules = ["tests.support.echo_backend", "plugins.proxy.openai_compatible"]')
 
 
 @pytest.fixture(scope="module")

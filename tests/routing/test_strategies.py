@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.chat_completions import collect
-from plugins.registry import Target
-from plugins.routing import API_KEY_HASH_HEADER, pick_least_busy, pick_rendezvous, sticky_key
+from gateway.cli.main import main
+from gateway.chat_api.encode import collect
+from plugins.contract.config_types import Target
+from plugins.routing.strategies import API_KEY_HASH_HEADER, pick_least_busy, pick_rendezvous, sticky_key
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
 
 pytestmark = pytest.mark.anyio

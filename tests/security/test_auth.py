@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from gateway import auth
-from gateway.auth import KeyRing
-from gateway.cli import main
+from gateway.keys import keyring as auth
+from gateway.keys.keyring import KeyRing
+from gateway.cli.main import main
 from gateway.config import parse_config
 from tests.faults.harness import GatewayThread
 from tests.gateway.helpers import assert_error_shape, chat_body

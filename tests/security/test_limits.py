@@ -252,8 +252,8 @@ def test_deadline_counts_the_time_in_the_queue(gw: GatewayThread) -> None:
 
 
 def test_limiter_hands_slots_in_order_and_never_leaks_one() -> None:
-    from gateway.limits import BackendLimiter, Deadline, DeadlineExceeded, ShuttingDown
-    from plugins.errors import Overloaded
+    from gateway.service.admission import BackendLimiter, Deadline, DeadlineExceeded, ShuttingDown
+    from plugins.contract.errors import Overloaded
 
     async def main() -> None:
         lim = BackendLimiter("b", max_concurrent=1, max_queue=4, queue_timeout_s=5)

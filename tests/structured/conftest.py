@@ -21,8 +21,8 @@ import msgspec
 import openai
 import pytest
 
-from plugins.builtin import BuiltinBackend, BuiltinOptions
-from plugins.protocol import Event, RequestSpec, SamplingParams
+from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
+from plugins.contract.protocol import Event, RequestSpec, SamplingParams
 from tests.support.server import running_server
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -12,10 +12,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from builtin_engine.structured import GrammarCompiler, choice_ebnf, grammar_spec
-from plugins.builtin import BuiltinBackend
-from plugins.errors import InvalidRequest
-from plugins.protocol import Finish, SamplingParams, TextDelta
+from builtin_engine.text.structured import GrammarCompiler, choice_ebnf, grammar_spec
+from plugins.builtin.backend import BuiltinBackend
+from plugins.contract.errors import InvalidRequest
+from plugins.contract.protocol import Finish, SamplingParams, TextDelta
 from tests.structured.conftest import chat_spec, collect, run
 
 N = 50
@@ -210,7 +210,7 @@ def test_compiled_grammars_are_cached(backend: BuiltinBackend) -> None:
 
 
 def test_lru_cache_and_spec_mapping(tiny_model_dir: Any) -> None:
-    from builtin_engine.tokenizer import Tokenizer
+    from builtin_engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
     compiler = GrammarCompiler(tokenizer, vocab_size=tokenizer.vocab_size, stop_token_ids=tokenizer.eos_token_ids,

@@ -12,13 +12,20 @@ import re
 
 import pytest
 
-from gateway.validation import check_capabilities
-from plugins.errors import InvalidRequest
-from plugins.llamacpp import LlamaCppBackend, LlamaCppOptions, regex_grammar
-from plugins.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
-from plugins.protocol import Capabilities, Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta
-from plugins.upstream_events import StreamNormalizer
-from plugins.vllm import VLLMBackend, VLLMOptions
+from gateway.chat_api.translate import check_capabilities
+from plugins.contract.errors import InvalidRequest
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, regex_grammar
+from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
+from plugins.contract.protocol import (
+    Capabilities,
+    Finish,
+    RequestSpec,
+    SamplingParams,
+    TextDelta,
+    ToolCallDelta,
+)
+from plugins.proxy.normalize import StreamNormalizer
+from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]

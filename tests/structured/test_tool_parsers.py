@@ -1,4 +1,4 @@
-"""Tool-call parsers (`builtin_engine.tool_parsers`) on model outputs in the Hermes and Llama 3
+"""Tool-call parsers (`plugins.parsers.tools`) on model outputs in the Hermes and Llama 3
 formats, whole and streamed in pieces of every size: both must give the same calls and content,
 each call's id and name in its first fragment only.
 
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from builtin_engine.tool_parsers import (
+from plugins.parsers.tools import (
     HermesParser,
     Llama3JsonParser,
     NamedCallParser,

@@ -17,8 +17,8 @@ from pathlib import Path
 import msgspec
 
 from plugins import hookimpl
-from plugins.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UpstreamError
-from plugins.protocol import (
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UpstreamError
+from plugins.contract.protocol import (
     EXTENSIONS,
     Capabilities,
     Event,
@@ -33,8 +33,8 @@ from plugins.protocol import (
     TopLogprob,
     Usage,
 )
-from plugins.reasoning import ReasoningSplitter, choose_parser, split_reasoning
-from plugins.registry import BackendType
+from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
+from plugins.contract.config_types import BackendType
 
 
 class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -23,8 +23,8 @@ from pathlib import Path
 import msgspec
 
 from plugins import hookimpl
-from plugins.errors import InvalidRequest, UpstreamError
-from plugins.protocol import (
+from plugins.contract.errors import InvalidRequest, UpstreamError
+from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
     EmbedResult,
@@ -36,7 +36,7 @@ from plugins.protocol import (
     ToolCallDelta,
     Usage,
 )
-from plugins.registry import BackendType
+from plugins.contract.config_types import BackendType
 from tests.support.echo_backend import EchoBackend, EchoOptions, _fail_mid, _maybe_fail_early, prompt_words
 
 EMBEDDING_SIZE = 8

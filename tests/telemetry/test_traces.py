@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.telemetry import traces_url
+from gateway.observability.telemetry import traces_url
 from tests.support import faulty_upstream
 from tests.support.faulty_upstream import FaultyUpstream
 from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan

@@ -18,11 +18,11 @@ import httpx
 import msgspec
 import pytest
 
-from builtin_engine import engine_calls as calls
+from builtin_engine.process import calls
 from builtin_engine import errors as engine_errors
-from plugins.builtin import BuiltinBackend, BuiltinOptions
-from plugins.errors import ConfigError, UpstreamError
-from plugins.protocol import RequestSpec, SamplingParams, TextDelta, TokenizeRequest
+from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
+from plugins.contract.errors import ConfigError, UpstreamError
+from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, TokenizeRequest
 from tests.gateway.helpers import assert_error_shape, data_events
 from tests.support.probes import metric, wait_until
 from tests.support.server import ROOT
@@ -110,8 +110,8 @@ def test_same_events_as_in_process_and_no_torch_on_the_gateway_side(tiny_model_d
             # a gateway worker using the engine process imports no torch
             client = textwrap.dedent(f"""
                 import asyncio, sys, msgspec
-                from plugins.builtin import BuiltinBackend, BuiltinOptions
-                from plugins.protocol import RequestSpec, SamplingParams
+                from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
+                from plugins.contract.protocol import RequestSpec, SamplingParams
                 async def main():
                     opts = msgspec.convert({{"model": {str(tiny_model_dir)!r}, "served_model_name": "tiny",
                                              "engine_address": {remote.supervisor.address!r}}}, BuiltinOptions)
@@ -209,7 +209,7 @@ num_threads = 1
 kv_cache_tokens = 4096
 """
     with serving(config, tmp_path) as server:
-        (engine,) = server.children("builtin_engine.engine_process")
+        (engine,) = server.children("builtin_engine.process.server")
         assert len(server.children("gateway.worker")) == 2
         answers = {}
         with httpx.Client(base_url=server.base, timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
@@ -254,7 +254,7 @@ kv_cache_tokens = 4096
         r = httpx.post(server.base + "/v1/chat/completions", json={**_stream_body(8), "stream": False}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] in set.union(*answers.values())
-        (restarted,) = server.children("builtin_engine.engine_process")
+        (restarted,) = server.children("builtin_engine.process.server")
         assert restarted.pid != engine.pid
         assert "engine process exited with code -9; restarting it" in server.log_text()
 
@@ -262,8 +262,8 @@ kv_cache_tokens = 4096
 def test_requests_while_the_engine_process_is_down_get_503(tiny_model_dir: Path) -> None:
     """A backend using an engine process someone else started (as a server's workers do): when
     that engine is gone, a request fails at once as unavailable (503), health fails, nothing hangs."""
-    from plugins.builtin_launch import engine_launch
-    from plugins.engine_supervisor import EngineSupervisor
+    from plugins.builtin.launch import engine_launch
+    from builtin_engine.process.supervisor import EngineSupervisor
 
     supervisor = EngineSupervisor("shared", engine_launch("shared", options(tiny_model_dir)))
     supervisor.start()

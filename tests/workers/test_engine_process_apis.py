@@ -12,8 +12,8 @@ from pathlib import Path
 import anthropic
 import openai
 
-from plugins.builtin import BuiltinBackend
-from plugins.protocol import EmbedRequest
+from plugins.builtin.backend import BuiltinBackend
+from plugins.contract.protocol import EmbedRequest
 from tests.workers.server import serving
 from tests.workers.test_engine_process import options
 
@@ -52,7 +52,7 @@ def _in_process_vectors(model_dir: Path) -> list[list[float]]:
 def test_embeddings_and_stop_sequence_cross_the_engine_process(tmp_path: Path, tiny_model_dir: Path) -> None:
     expected = _in_process_vectors(tiny_model_dir)
     with serving(_config(tiny_model_dir), tmp_path) as server:
-        assert len(server.children("builtin_engine.engine_process")) == 1
+        assert len(server.children("builtin_engine.process.server")) == 1
         with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
             answer = client.embeddings.create(model="tiny", input=TEXTS)
         vectors = [item.embedding for item in answer.data]

@@ -1,4 +1,4 @@
-"""`gateway.live_metrics`: two processes' live replica families, copied into one multiprocess
+"""`gateway.observability.live_collectors`: two processes' live replica families, copied into one multiprocess
 directory, read back as the server's /metrics reads them (each process a worker of its own)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import os, sys
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
 from prometheus_client import CollectorRegistry
 from plugins.fleet.replica import ReplicaStats
-from gateway.live_metrics import MultiprocessMirror
-from gateway.replica_metrics import WORKER_MODES, ReplicaCollector
+from gateway.observability.live_collectors import MultiprocessMirror
+from gateway.observability.replica_load import WORKER_MODES, ReplicaCollector
 
 in_flight, attempts = int(sys.argv[2]), int(sys.argv[3])
 

@@ -1,4 +1,4 @@
-"""`gateway.metric_values.mmap_value_class`: the multiprocess values every worker writes. The files
+"""`gateway.observability.multiprocess_values.mmap_value_class`: the multiprocess values every worker writes. The files
 say what prometheus-client's own multiprocess values would say, each process (a forked child
 too) writes its own file, and a scrape adds them all up."""
 
@@ -18,7 +18,7 @@ FORKING = """
 import os, sys
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
 from prometheus_client import CollectorRegistry, Counter, values
-from gateway.metric_values import mmap_value_class
+from gateway.observability.multiprocess_values import mmap_value_class
 values.ValueClass = mmap_value_class()
 counter = Counter("sy_test", "t", registry=CollectorRegistry())
 counter.inc(5)
@@ -38,7 +38,7 @@ import os, sys
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 if sys.argv[2] == "ours":
-    from gateway.metric_values import mmap_value_class
+    from gateway.observability.multiprocess_values import mmap_value_class
     values.ValueClass = mmap_value_class()
 else:
     values.ValueClass = values.MultiProcessValue()

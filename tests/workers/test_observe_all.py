@@ -1,4 +1,4 @@
-"""`observe_all` (a request's inter-token gaps in one go) and `gateway.metrics.observe` (one
+"""`observe_all` (a request's inter-token gaps in one go) and `gateway.observability.metrics.observe` (one
 value) leave a histogram exactly as prometheus_client's `observe` per value does, bucket edges
 and values past the last bound included."""
 
@@ -8,7 +8,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.metrics import LATENCY_BUCKETS, observe, observe_all
+from gateway.observability.metrics import LATENCY_BUCKETS, observe, observe_all
 
 
 def samples(registry: CollectorRegistry) -> dict:

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from gateway.config import parse_config
-from gateway.workers import worker_count
-from plugins.errors import ConfigError
+from gateway.worker_pool import worker_count
+from plugins.contract.errors import ConfigError
 from tests.gateway.helpers import assert_error_shape, chat_body, data_events
 from tests.support.probes import metric, wait_until
 from tests.support.server import echo_config

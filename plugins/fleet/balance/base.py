@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 
 class Candidate(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from plugins.fleet.balance.base import C, Choice, Stateless, rotated
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 
 class LeastBusy(Stateless):

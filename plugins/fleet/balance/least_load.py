@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 
 from plugins.fleet.balance.base import C, Candidate, Choice, Stateless
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 
 def load_key(candidate: Candidate) -> tuple[float, float, int]:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from plugins.fleet.balance.base import C, Choice, rotated
 from plugins.fleet.balance.prefix_index import CHARS_PER_TOKEN, PrefixIndex, prompt_blocks
 from plugins.fleet.options import PrefixCacheOptions
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 
 class PrefixCache:

@@ -18,7 +18,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from plugins.protocol import RequestSpec
+from plugins.contract.protocol import RequestSpec
 
 # What one (replica, block) entry costs in memory, measured with tracemalloc (an OrderedDict
 # entry and its linked node, the tables' slack and the 64-bit int key itself: ~225 bytes), rounded up.

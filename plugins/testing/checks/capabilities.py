@@ -1,6 +1,6 @@
 """capabilities: what a backend declares is what it does.
 
-Each extension of `plugins.protocol.EXTENSIONS` has a sample value here (a test fails when one
+Each extension of `plugins.contract.protocol.EXTENSIONS` has a sample value here (a test fails when one
 is missing, so the check grows with the protocol), and where the battery can observe an
 extension's effect it has a probe in `HONOURED`.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from plugins.errors import InvalidRequest
-from plugins.protocol import EXTENSIONS
+from plugins.contract.errors import InvalidRequest
+from plugins.contract.protocol import EXTENSIONS
 from plugins.testing.checks.prompts import REFERENCE_TOKENS, SHORT, STORY, pick_stop, reference
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check
@@ -39,7 +39,7 @@ SHORT_LIMIT = 8  # tokens: SHORT's answer must end before this for min_tokens / 
 
 @check("capabilities", fix=(
     "List in Capabilities.extensions exactly the extensions generate() honours (names from "
-    "plugins.protocol.EXTENSIONS), and set supports_logprobs / supports_tools / max_n / supports_completions "
+    "plugins.contract.protocol.EXTENSIONS), and set supports_logprobs / supports_tools / max_n / supports_completions "
     "to what the backend does; an extension it lists must change the output as vLLM's does (top_k=1 is greedy)."))
 async def capabilities(probe: Probe) -> str:
     """Extensions declared unsupported are refused by the gateway; declared ones are honoured where it can tell."""

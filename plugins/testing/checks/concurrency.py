@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from plugins.protocol import Finish, Usage
+from plugins.contract.protocol import Finish, Usage
 from plugins.testing.checks.prompts import TOPICS
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from plugins.errors import InvalidRequest, SwitchyardError
-from plugins.protocol import EmbedRequest, EmbedResult
+from plugins.contract.errors import InvalidRequest, SwitchyardError
+from plugins.contract.protocol import EmbedRequest, EmbedResult
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check
 from plugins.testing.trace import describe_error
@@ -71,7 +71,7 @@ async def _embed(probe: Probe, inputs: list[str], *, dimensions: int | None = No
     except SwitchyardError as exc:
         raise Failed(f"embed({inputs!r:.80}, dimensions={dimensions}) raised {describe_error(exc)}") from exc
     except Exception as exc:  # noqa: BLE001 - the finding
-        raise Failed(f"embed() raised {describe_error(exc)}, not a plugins.errors type") from exc
+        raise Failed(f"embed() raised {describe_error(exc)}, not a plugins.contract.errors type") from exc
     if not isinstance(result, EmbedResult) or len(result.embeddings) != len(inputs):
         count = len(result.embeddings) if isinstance(result, EmbedResult) else type(result).__name__
         raise Failed(f"embed() of {len(inputs)} inputs returned {count} vectors")

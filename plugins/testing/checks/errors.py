@@ -1,11 +1,11 @@
-"""errors: failures reach the gateway as `plugins.errors` types, which it maps to HTTP once."""
+"""errors: failures reach the gateway as `plugins.contract.errors` types, which it maps to HTTP once."""
 
 from __future__ import annotations
 
 import msgspec
 
-from plugins.errors import ContextLengthExceeded, SwitchyardError
-from plugins.protocol import TextDelta
+from plugins.contract.errors import ContextLengthExceeded, SwitchyardError
+from plugins.contract.protocol import TextDelta
 from plugins.testing.checks.prompts import SHORT
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check
@@ -17,12 +17,12 @@ TOKEN_ID_OUT_OF_RANGE = 2**31 - 1
 
 
 @check("errors", fix=(
-    "Raise plugins.errors types only: ContextLengthExceeded when prompt + max_tokens do not fit max_model_len, "
+    "Raise plugins.contract.errors types only: ContextLengthExceeded when prompt + max_tokens do not fit max_model_len, "
     "ModelNotFound for a model it does not serve, InvalidRequest for input it cannot take, UpstreamError(kind=...) "
     "when the engine or server behind it fails; map the engine's own exceptions once, in the backend. A bare "
     "exception becomes a 500 and counts against the backend's circuit breaker."))
 async def errors(probe: Probe) -> str:
-    """A prompt over max_model_len raises ContextLengthExceeded; other failures raise plugins.errors types."""
+    """A prompt over max_model_len raises ContextLengthExceeded; other failures raise plugins.contract.errors types."""
     notes = [await _over_long_prompt(probe)]
     unknown = msgspec.structs.replace(probe.chat(SHORT, max_tokens=2), model=UNKNOWN_MODEL, upstream_model=UNKNOWN_MODEL)
     notes.append(_typed_if_failed(await probe.run(unknown, f"chat to model {UNKNOWN_MODEL!r}"), "an unknown model"))
@@ -59,5 +59,5 @@ def _typed_if_failed(trace: Trace, what: str) -> str:
     if trace.error is None:
         return f"{what}: served"
     if not isinstance(trace.error, SwitchyardError):
-        raise Failed(f"{what}: the backend raised {describe_error(trace.error)}, not a plugins.errors type", trace)
+        raise Failed(f"{what}: the backend raised {describe_error(trace.error)}, not a plugins.contract.errors type", trace)
     return f"{what}: {type(trace.error).__name__}"

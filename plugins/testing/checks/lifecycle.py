@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from plugins.protocol import Capabilities, ModelInfo
+from plugins.contract.protocol import Capabilities, ModelInfo
 from plugins.testing.checks.prompts import SHORT
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check
@@ -14,7 +14,7 @@ MODELS_SERVED = 3  # model ids that must each answer a request
 
 
 @check("lifecycle", needs_model=False, fix=(
-    "start() loads what the backend needs and raises a plugins.errors.ConfigError naming the bad option; "
+    "start() loads what the backend needs and raises a plugins.contract.errors.ConfigError naming the bad option; "
     "health() returns True once it can serve; models() returns at least one ModelInfo whose id has no "
     "whitespace and is the name generate() accepts as spec.upstream_model."))
 async def lifecycle(probe: Probe) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugins.protocol import Finish
+from plugins.contract.protocol import Finish
 from plugins.testing.checks.prompts import REFERENCE_TOKENS, STORY, pick_stop, reference
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, Skipped, check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugins.protocol import ReasoningDelta, TextDelta, ToolCallDelta
+from plugins.contract.protocol import ReasoningDelta, TextDelta, ToolCallDelta
 from plugins.testing.checks.prompts import STORY
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Failed, check

@@ -1,0 +1,1 @@
+"""OpenAI's embeddings API (`POST /v1/embeddings`)."""

@@ -1,0 +1,75 @@
+"""What the gateway keeps per route besides the `Route` the plugins see, and the start-up check
+that every route's strategy exists."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pluggy
+
+from gateway.config import Config, ShadowConfig
+from gateway.service.admission import RouteLimits
+from plugins.routing import strategies as routing
+from plugins.contract.errors import ConfigError
+from plugins.contract.config_types import Route, Target
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """What the gateway needs per route besides the `Route` the plugins see, built once."""
+
+    route: Route
+    max_attempts: int = 1
+    shadow: ShadowConfig | None = None
+    shadow_model: str = ""
+    key_headers: tuple[str, ...] = ()  # client headers copied into spec.headers (lower case)
+    key_api_key: bool = False  # hash the client's API key into spec.headers
+    arms: Mapping[Target, str] = field(default_factory=dict)  # the request log's arm label per target
+    limits: RouteLimits = RouteLimits()
+
+    @classmethod
+    def build(
+        cls, route: Route, max_attempts: int | None = None, shadow: ShadowConfig | None = None, limits: RouteLimits = RouteLimits()
+    ) -> RoutePlan:
+        backends = [t.backend for t in route.targets]
+        unique = len(set(backends)) == len(backends)
+        arms = {t: t.backend if unique else f"{t.backend}/{t.model}" for t in route.targets}
+        headers: tuple[str, ...] = ()
+        api_key = False
+        if route.strategy == "sticky":
+            sources = routing.sticky_sources(route)
+            headers = tuple(s[len("header:") :].lower() for s in sources if s.startswith("header:"))
+            api_key = "api_key" in sources
+        if max_attempts is None:
+            max_attempts = len(route.targets) if route.strategy == "fallback" else 1
+        return cls(
+            route=route,
+            max_attempts=max_attempts,
+            shadow=shadow,
+            shadow_model=(shadow.model or route.name) if shadow else "",
+            key_headers=headers,
+            key_api_key=api_key,
+            arms=arms,
+            limits=limits,
+        )
+
+    def arm(self, target: Target) -> str:
+        return self.arms.get(target) or target.backend
+
+
+def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
+    """Every route names a strategy some plugin provides; the built-in strategies' options decode."""
+    strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
+    builtin_routing = pm.get_plugin("routing") is routing
+    for i, (route, resolved) in enumerate(zip(config.routes, config.routes_resolved())):
+        if route.strategy not in strategies:
+            raise ConfigError(
+                f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy` "
+                f"(known: {', '.join(sorted(strategies))})"
+            )
+        if builtin_routing and route.strategy in routing.STRATEGY_OPTIONS:
+            try:
+                routing.check_options(resolved, f"routes[{i}]")
+            except ConfigError as exc:
+                raise ConfigError(f"{config.source}: {exc.message}", param=exc.param) from None

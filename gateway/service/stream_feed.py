@@ -1,0 +1,90 @@
+"""`StreamFeed`: what `serving.stream_body` does with each batch of a streamed body's events —
+the usage kept, the token marks, the key's accounting, the wire API's bytes — in the request's
+task, or pushed from the upstream connection's callback straight to the client (`push`,
+`push_text`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gateway.service.request_timer import is_token_event
+from plugins.contract.protocol import Event, TextDelta, Usage
+
+if TYPE_CHECKING:
+    from gateway.service.attempts import Observed, StreamWriter
+
+
+class StreamFeed:
+    """`feed(batch)` is the bytes of a batch. With `write` (the request cycle's `write_piece`),
+    it is the `EventPump.next_batch` sink (`sink`) whose `push` writes them to the client itself,
+    from outside the task: when `write` refuses (the client reads slowly, or the response is not
+    in a state for it), the bytes are kept and lead the next `feed`'s, and `push` says False so
+    the task takes over; an error is kept for the next `feed` to raise, as it would have in the
+    task. `push_text` is `push` of one plain token, through the writer's `feed_text` when it has
+    one."""
+
+    __slots__ = ("_observed", "_writer", "_write", "_feed_text", "usage", "kept", "_error")
+
+    def __init__(self, observed: Observed, writer: StreamWriter, write: Callable[[bytes], bool] | None) -> None:
+        self._observed = observed
+        self._writer = writer
+        self._write = write
+        self._feed_text: Callable[[int, str], bytes] | None = getattr(writer, "feed_text", None)
+        self.usage: Usage | None = None
+        self.kept = b""  # pushed bytes the client has not been written yet
+        self._error: Exception | None = None
+
+    @property
+    def sink(self) -> StreamFeed | None:
+        """What `EventPump.next_batch` may push to: this, when there is a `write`."""
+        return self if self._write is not None else None
+
+    def feed(self, batch: list[Event]) -> bytes:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        observed = self._observed
+        tokens = False
+        for event in batch:
+            if isinstance(event, Usage):
+                self.usage = event
+            elif not tokens and is_token_event(event):
+                tokens = True
+        if tokens:
+            observed.timer.mark_tokens()
+        if observed.accounting is not None:
+            observed.accounting.on_events(batch)
+        out = self._writer.feed(batch)
+        if self.kept:
+            out, self.kept = self.kept + out, b""
+        return out
+
+    def push(self, batch: list[Event]) -> bool:
+        try:
+            out = self.feed(batch)
+        except Exception as exc:  # never into the connection's callback
+            self._error = exc
+            return False
+        return self._written(out)
+
+    def push_text(self, index: int, text: str) -> bool:
+        feed_text = self._feed_text
+        if feed_text is None or self._error is not None or self.kept:
+            return self.push([TextDelta(text=text, index=index)])
+        observed = self._observed
+        observed.timer.mark_tokens()
+        if observed.accounting is not None:
+            observed.accounting.on_text()
+        try:
+            out = feed_text(index, text)
+        except Exception as exc:
+            self._error = exc
+            return False
+        return self._written(out)
+
+    def _written(self, out: bytes) -> bool:
+        if not out or self._write(out):  # type: ignore[misc]
+            return True
+        self.kept = out
+        return False

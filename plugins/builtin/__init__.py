@@ -1,0 +1,3 @@
+"""The `builtin` backend type: Switchyard's own engine (`builtin_engine`) behind the contract —
+the backend (`backend`), its options (`options`), how its engine is launched (`launch`), what
+constrains its output (`tools`) and its embeddings (`embeddings`)."""
