@@ -23,7 +23,7 @@ from builtin_engine.text.chat_template import ChatTemplate
 from builtin_engine.config import EngineConfig
 from builtin_engine.engine import LLMEngine
 from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from builtin_engine.text.tokenizer import Tokenizer
 
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",

@@ -25,7 +25,7 @@ import builtin_engine  # noqa: F401 - caps OpenMP's spin-wait before torch loads
 from builtin_engine.config import EngineConfig
 from builtin_engine.engine import LLMEngine
 from builtin_engine.model.store import DEFAULT_MODEL, resolve_model
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 
 
 def _spin() -> None:

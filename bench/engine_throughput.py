@@ -60,7 +60,7 @@ def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[i
 
 def bench_builtin(engine, streams: int, prompt_len: int, output_len: int, seed: int,  # noqa: ANN001
                   name: str = "builtin") -> Result:
-    from builtin_engine.sampling_params import SamplingParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams
 
     engine.block_manager.reset_prefix_cache()  # no help from earlier runs
     prompts = make_prompts(streams, prompt_len, engine.model_config.vocab_size, seed)
@@ -93,7 +93,7 @@ def bench_abort_latency(engine, streams: int, prompt_len: int, trials: int, seed
     """Seconds from `abort()` to the request's blocks being freed (`engine.abort_latencies`):
     a decoding stream aborted at a random moment while `streams` decode; a long prompt aborted at
     a random moment of its chunked prefill while `streams - 1` decode."""
-    from builtin_engine.sampling_params import SamplingParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams
 
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size

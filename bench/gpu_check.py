@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from builtin_engine.config import EngineConfig  # noqa: E402
 from builtin_engine.engine import LLMEngine  # noqa: E402
-from builtin_engine.sampling_params import SamplingParams  # noqa: E402
+from builtin_engine.scheduling.sampling_params import SamplingParams  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check.json"
 NUM_PROMPTS = 8

@@ -40,7 +40,7 @@ class EngineConfig:
     max_waiting: int = 256  # requests admitted but not yet scheduled; more raise QueueFull
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's setting
-    logprobs_mode: Literal["raw", "processed"] = "raw"  # see builtin_engine.sampler
+    logprobs_mode: Literal["raw", "processed"] = "raw"  # see builtin_engine.runner.sampler
     max_top_logprobs: int = 20
 
     def __post_init__(self) -> None:

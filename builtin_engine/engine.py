@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from builtin_engine.block_manager import BlockManager
+from builtin_engine.scheduling.block_manager import BlockManager
 from builtin_engine.config import EngineConfig, resolve_max_model_len
 from builtin_engine.runner.cpu_threads import call_in_own_thread
 from builtin_engine.runner.decode_graph import make_decode_graph
@@ -41,10 +41,10 @@ from builtin_engine.output_processor import ChoiceState, Detokenizer
 from builtin_engine.outputs import ChoiceOutput, RequestOutput
 from builtin_engine.pooling import PoolingParams
 from builtin_engine.request_handle import RequestHandle, deliver
-from builtin_engine.sampler import Sampler, SamplerOutput, choice_seed
-from builtin_engine.sampling_params import SamplingParams
-from builtin_engine.scheduler import Scheduler, SchedulerOutput
-from builtin_engine.sequence import Sequence
+from builtin_engine.runner.sampler import Sampler, SamplerOutput, choice_seed
+from builtin_engine.scheduling.sampling_params import SamplingParams
+from builtin_engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from builtin_engine.scheduling.sequence import Sequence
 from builtin_engine.runner.step_graph import make_step_graph
 
 DetokenizerFactory = Callable[[list[int], bool], Detokenizer]  # (prompt ids, skip_special_tokens) -> new

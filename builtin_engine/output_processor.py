@@ -19,7 +19,7 @@ import logging
 from typing import Protocol
 
 from builtin_engine.outputs import ChoiceOutput, FinishReason, TokenLogprobs
-from builtin_engine.sequence import Sequence
+from builtin_engine.scheduling.sequence import Sequence
 from builtin_engine.text.stop_strings import find_stop_string, held_back_len
 
 _log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from builtin_engine.model.llama import KVCache, LlamaModel
-from builtin_engine.scheduler import ScheduledChunk
+from builtin_engine.scheduling.scheduler import ScheduledChunk
 
 
 def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ import torch.fx.experimental._config
 
 from builtin_engine.config import EngineConfig
 from builtin_engine.model.llama import KVCache, LlamaModel
-from builtin_engine.scheduler import ScheduledChunk
+from builtin_engine.scheduling.scheduler import ScheduledChunk
 
 _log = logging.getLogger(__name__)
 

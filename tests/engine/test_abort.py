@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from tests.engine.conftest import collect
 
 MAX_NEW = 6

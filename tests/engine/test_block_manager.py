@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from builtin_engine.block_manager import BlockManager, hash_block
-from builtin_engine.sampling_params import SamplingParams
-from builtin_engine.sequence import Sequence
+from builtin_engine.scheduling.block_manager import BlockManager, hash_block
+from builtin_engine.scheduling.sampling_params import SamplingParams
+from builtin_engine.scheduling.sequence import Sequence
 
 _ids = iter(range(10**9))
 

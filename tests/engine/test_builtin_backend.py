@@ -75,7 +75,7 @@ def test_hook_options_and_lazy_imports(tmp_path: Path) -> None:
 def test_engine_knows_every_protocol_sampling_field() -> None:
     import dataclasses
 
-    from builtin_engine.sampling_params import SamplingParams as EngineParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams as EngineParams
 
     protocol = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)}
     engine = {f.name: f.default for f in dataclasses.fields(EngineParams) if f.name != "grammar"}  # engine-only

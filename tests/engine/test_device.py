@@ -89,7 +89,7 @@ def test_prefill_budget_defaults_to_the_device() -> None:
 def test_kernel_warm_up_leaves_no_trace(make_engine) -> None:  # noqa: ANN001
     """What CUDA engines run before serving: afterwards no request, cached block or step is left,
     and a request gives the tokens a fresh engine gives."""
-    from builtin_engine.sampling_params import SamplingParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams
 
     def tokens(engine) -> list[int]:  # noqa: ANN001
         handle = engine.add_request(list(range(5, 45)), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))

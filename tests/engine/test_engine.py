@@ -10,7 +10,7 @@ import time
 import pytest
 
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from tests.engine.conftest import collect
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

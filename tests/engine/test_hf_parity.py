@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 import kernels
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from tests.engine.conftest import HFReference, collect
 
 MAX_NEW = 12

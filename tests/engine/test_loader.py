@@ -34,7 +34,7 @@ def common(**extra: object) -> dict:
 
 
 def check_greedy_parity(make_engine, model_dir: Path, **config: object) -> None:  # noqa: ANN001
-    from builtin_engine.sampling_params import SamplingParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams
 
     engine = make_engine(model_dir, max_num_batched_tokens=8, block_size=4, kv_cache_tokens=256, **config)
     hf = HFReference(model_dir)
@@ -106,7 +106,7 @@ def test_bfloat16_load(tiny_model_dir: Path) -> None:
 
 
 def test_bfloat16_engine_runs(make_engine) -> None:  # noqa: ANN001
-    from builtin_engine.sampling_params import SamplingParams
+    from builtin_engine.scheduling.sampling_params import SamplingParams
 
     engine = make_engine(dtype="bfloat16")
     handle = engine.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from builtin_engine.config import EngineConfig
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from tests.engine.conftest import collect
 
 

@@ -13,7 +13,7 @@ import torch
 
 from builtin_engine.errors import InvalidRequestError
 from builtin_engine.pooling import PoolingParams
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import torch
 
 import kernels
 from builtin_engine.output_processor import ChoiceState
-from builtin_engine.sampler import Sampler, prepare_sampling_metadata
-from builtin_engine.sampling_params import SamplingParams
-from builtin_engine.sequence import Sequence
+from builtin_engine.runner.sampler import Sampler, prepare_sampling_metadata
+from builtin_engine.scheduling.sampling_params import SamplingParams
+from builtin_engine.scheduling.sequence import Sequence
 from tests.engine.conftest import collect
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-from builtin_engine.block_manager import BlockManager
-from builtin_engine.sampling_params import SamplingParams
-from builtin_engine.scheduler import Scheduler, SchedulerOutput
-from builtin_engine.sequence import Sequence, SequenceStatus
+from builtin_engine.scheduling.block_manager import BlockManager
+from builtin_engine.scheduling.sampling_params import SamplingParams
+from builtin_engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from builtin_engine.scheduling.sequence import Sequence, SequenceStatus
 
 _ids = itertools.count()
 

@@ -18,7 +18,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as SequenceOf
 
-from builtin_engine.sequence import Sequence
+from builtin_engine.scheduling.sequence import Sequence
 
 
 def hash_block(parent: bytes | None, token_ids: SequenceOf[int]) -> bytes:

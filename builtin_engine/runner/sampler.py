@@ -23,7 +23,7 @@ import torch
 
 import kernels
 from builtin_engine.outputs import TokenLogprobs
-from builtin_engine.sequence import Sequence
+from builtin_engine.scheduling.sequence import Sequence
 from builtin_engine.text.structured import MaskBuffer
 
 LogprobsMode = Literal["raw", "processed"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from builtin_engine.block_manager import BlockManager
-from builtin_engine.sequence import Sequence, SequenceStatus
+from builtin_engine.scheduling.block_manager import BlockManager
+from builtin_engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from builtin_engine.sampling_params import SamplingParams
+from builtin_engine.scheduling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from builtin_engine.pooling import PoolingParams, PoolingState
