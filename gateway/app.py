@@ -18,12 +18,14 @@ from gateway.embeddings_api import handlers as embeddings_api
 from gateway.chat_api import schemas as S
 from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
-from gateway.errors import EXCEPTION_HANDLERS, from_decode_error, handle_switchyard_error
+from gateway.error_handlers import EXCEPTION_HANDLERS, handle_switchyard_error
+from gateway.errors import from_decode_error
 from gateway.ids import request_id_from
 from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
-from gateway.service.admission import ShuttingDown, cap_max_tokens, check_messages
+from gateway.errors import ShuttingDown
+from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.chat_api.encode import collect, open_stream
 from gateway.responses_api import handlers as responses_api

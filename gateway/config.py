@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from gateway.responses_api.store import StoreConfig, check_store_config
 from plugins.contract.errors import ConfigError
 from plugins.contract.config_types import BackendType, Route, Target
 
@@ -163,6 +162,16 @@ class TelemetryConfig(_Config):
     sample_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0  # of the traces this gateway starts
 
 
+class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`[responses]` in plugins.toml."""
+
+    store: Literal["sqlite", "redis", "none"] = "sqlite"
+    sqlite_path: str = "~/.cache/switchyard/responses.sqlite3"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "switchyard:response:"
+    ttl_s: float | None = None  # stored responses older than this are gone; None: kept
+
+
 class Config(_Config):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     responses: StoreConfig = msgspec.field(default_factory=StoreConfig)  # the Responses API's store
@@ -222,6 +231,17 @@ def parse_config(text: str, source: str) -> Config:
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
     return msgspec.structs.replace(config, server=server, source=source)
+
+
+def check_store_config(config: StoreConfig, source: str) -> None:
+    """What can be told before start-up: the keys' values (the file and the server are opened
+    by `open_store`)."""
+    if config.store == "sqlite" and not config.sqlite_path.strip():
+        raise ConfigError(f"{source}: empty path at `responses.sqlite_path`", param="responses.sqlite_path")
+    if config.store == "redis" and not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"{source}: not a redis:// URL at `responses.redis_url`", param="responses.redis_url")
+    if config.ttl_s is not None and config.ttl_s <= 0:
+        raise ConfigError(f"{source}: must be above 0 at `responses.ttl_s`", param="responses.ttl_s")
 
 
 def load_config(path: str | Path) -> Config:

@@ -1,32 +1,66 @@
-"""The one table that turns `plugins.contract.errors` into HTTP: status, OpenAI error type, headers.
+"""The errors the gateway raises itself, and the one table that turns every error
+(`plugins.contract.errors` and these) into a status and an OpenAI error object.
 
 Everything the gateway answers with an error goes through `error_payload`, whether as a JSON
-response or as a `data: {"error": ...}` event inside a stream that has already begun. On
-Anthropic's paths (`/v1/messages...`) the same status goes out in Anthropic's shape,
-`{"type": "error", "error": {"type", "message"}}` (`gateway.messages_api.errors`).
+response (`gateway.error_handlers`) or as an error event inside a stream that has already begun
+(each wire API's encoder). On Anthropic's paths the same status goes out in Anthropic's shape
+(`gateway.messages_api.errors`).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 
 import msgspec
-from litestar import Request, Response
-from litestar.exceptions import HTTPException, NotFoundException
-from litestar.exceptions import MethodNotAllowedException
-from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from gateway import messages_api
-from gateway.ids import request_id_from
-from gateway.keys import BudgetExhausted, KeyLimitExceeded, StateUnavailable
-from gateway.service.admission import DeadlineExceeded, ShuttingDown
-from gateway.messages_api.errors import error_response as anthropic_error
-from gateway.chat_api.schemas import ErrorBody, ErrorResponse
 from plugins.contract import errors as E
 
-log = logging.getLogger("switchyard.gateway")
+
+class DeadlineExceeded(E.SwitchyardError):
+    """The request ran past its route's `request_timeout_s` (504)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"The request did not complete within its deadline of {timeout_s:g} s.", code="request_timeout")
+
+
+class ShuttingDown(E.SwitchyardError):
+    """The server is draining: no new requests, and what is still running at the end of the
+    drain period is ended (503)."""
+
+    def __init__(self, message: str = "The server is shutting down; retry on another replica.") -> None:
+        super().__init__(message, code="server_shutting_down")
+
+
+class KeyLimitExceeded(E.Overloaded):
+    """A client key is over one of its limits (429, with `Retry-After` and `x-ratelimit-*`)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None, headers: dict[str, str], code: str = "rate_limit_exceeded") -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = code
+        self.headers = headers
+
+
+class BudgetExhausted(KeyLimitExceeded):
+    """A client key has used its token budget for the period (429 `insufficient_quota`)."""
+
+
+class StateUnavailable(E.SwitchyardError):
+    """The limits' state store cannot be reached and `on_state_error = "deny"` (503)."""
+
+
+class ErrorBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's error object, the gateway's own shape on every path but Anthropic's."""
+
+    error: ErrorBody
+
 
 # (status, OpenAI error type) per error class; the most specific class wins (MRO order).
 ERROR_TABLE: dict[type[E.SwitchyardError], tuple[int, str]] = {
@@ -105,88 +139,3 @@ def from_decode_error(exc: msgspec.DecodeError) -> E.InvalidRequest:
     if not path:
         return E.InvalidRequest(f"Invalid request body: {text}")
     return E.InvalidRequest(f"Invalid value for `{path}`: {text}", param=path)
-
-
-def request_id_of(request: Request) -> str:
-    """The request's id: set by `before_request`, or — for errors raised before it ran (no
-    route, body unreadable) — the client's `x-request-id`, or a new one."""
-    state = request.scope.setdefault("state", {})
-    request_id = state.get("request_id")
-    if not request_id:
-        request_id = request_id_from(request.headers)
-        state["request_id"] = request_id
-    return request_id
-
-
-def _count(request: Request, error_type: str) -> None:
-    """`switchyard_errors_total{type}`: every error answered (the gateway exists once the
-    lifespan has run; errors before that are not counted)."""
-    gateway = getattr(request.app.state, "gateway", None)
-    if gateway is not None:
-        gateway.metrics.errors.labels(error_type).inc()
-
-
-def _redactor(request: Request) -> Callable[[str], str] | None:
-    gateway = getattr(request.app.state, "gateway", None)
-    return None if gateway is None else gateway.redact
-
-
-def _body(request: Request, status: int, payload: ErrorResponse) -> bytes:
-    """The error object in the shape of the API the request spoke."""
-    if request.url.path.startswith(messages_api.PATH_PREFIX):
-        return msgspec.json.encode(anthropic_error(status, payload.error.message))
-    return msgspec.json.encode(payload)
-
-
-def _response(error: E.SwitchyardError, request: Request, status: int | None = None) -> Response:
-    code, payload = error_payload(error, _redactor(request))
-    _count(request, payload.error.type)
-    status = code if status is None else status
-    headers = {"x-request-id": request_id_of(request)}
-    if isinstance(error, E.Overloaded) and error.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, round(error.retry_after_s)))
-    if isinstance(error, KeyLimitExceeded):
-        headers.update(error.headers)
-    if isinstance(error, E.AuthenticationFailed):
-        headers["www-authenticate"] = "Bearer"
-    if isinstance(error, ShuttingDown):
-        headers["connection"] = "close"
-    return Response(content=_body(request, status, payload), status_code=status, media_type="application/json", headers=headers)
-
-
-def handle_switchyard_error(request: Request, exc: E.SwitchyardError) -> Response:
-    return _response(exc, request)
-
-
-def handle_http_exception(request: Request, exc: HTTPException) -> Response:
-    """Litestar's own 404/405/413s, in the OpenAI shape."""
-    if isinstance(exc, NotFoundException):
-        error: E.SwitchyardError = E.NotFound(f"Route {request.method} {request.url.path} not found.")
-    elif isinstance(exc, MethodNotAllowedException):
-        error = E.InvalidRequest(f"Method {request.method} not allowed for {request.url.path}.")
-        return _response(error, request, status=405)
-    elif exc.status_code == 413:
-        error = E.RequestTooLarge("Request body too large.")
-    elif exc.status_code < 500:
-        return _response(E.InvalidRequest(exc.detail), request, status=exc.status_code)
-    else:
-        return handle_internal_error(request, exc)
-    return _response(error, request)
-
-
-def handle_internal_error(request: Request, exc: Exception) -> Response:
-    """A real bug: log the traceback, answer 500 with the request id and no traceback."""
-    request_id = request_id_of(request)
-    log.exception("internal error in request %s", request_id)
-    error = E.SwitchyardError(f"Internal server error (request id {request_id}).")
-    status, payload = error_payload(error)
-    _count(request, payload.error.type)
-    body = _body(request, HTTP_500_INTERNAL_SERVER_ERROR, payload)
-    return Response(content=body, status_code=HTTP_500_INTERNAL_SERVER_ERROR, media_type="application/json", headers={"x-request-id": request_id})
-
-
-EXCEPTION_HANDLERS = {
-    E.SwitchyardError: handle_switchyard_error,
-    HTTPException: handle_http_exception,
-    Exception: handle_internal_error,
-}

@@ -22,6 +22,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from gateway.embeddings_api import handlers as E
 from gateway import messages_api
 from gateway.chat_api import schemas as S
+from gateway.errors import ErrorResponse
 from gateway.messages_api import schemas as M
 from gateway.responses_api import schemas as R
 
@@ -130,7 +131,7 @@ def _typed_stream_event() -> dict[str, Any]:
 
 
 def components() -> dict[str, Any]:
-    structs: list[Any] = [*REQUESTS, S.ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
+    structs: list[Any] = [*REQUESTS, ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
                           M.ErrorResponse]
     structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
     structs += list(M.StreamEvent.__args__)

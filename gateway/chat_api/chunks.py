@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.chat_api.schemas import ErrorResponse
+from gateway.errors import ErrorResponse
 from plugins.contract.protocol import TokenLogprob, ToolCallDelta, Usage
 
 DONE = b"data: [DONE]\n\n"

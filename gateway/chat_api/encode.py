@@ -10,6 +10,7 @@ import msgspec
 
 from gateway.chat_api import schemas as S
 from gateway.service.accounting import RequestAccounting
+from gateway.errors import ErrorResponse
 from gateway.ids import token_hex
 from gateway.service.gateway import Gateway
 from gateway.service.attempts import Served, collect_events, open_events, stream_body
@@ -125,7 +126,7 @@ class _StreamState:
             raise UpstreamError(f"The backend ended without finishing choice {min(missing)}.", kind="bad_gateway")
         return (self.encoder.usage(usage) if self.spec.include_usage else b"") + DONE
 
-    async def error(self, error: SwitchyardError, payload: S.ErrorResponse) -> bytes:
+    async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
         return error_event(payload) + DONE
 
 

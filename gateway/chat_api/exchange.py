@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from gateway.http.head_protocol import BODY_WRITER, ServerExchange, _HeadWithBodyCycle, begin_scope
+from gateway.http.head_protocol import ServerExchange, _HeadWithBodyCycle, begin_scope
+from gateway.service.stream_feed import BODY_WRITER
 from gateway.service.attempts import LastPiece
 
 if TYPE_CHECKING:

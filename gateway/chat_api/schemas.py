@@ -496,12 +496,3 @@ class CompletionChunk(_Response, kw_only=True):
     usage: UsageBody | None | msgspec.UnsetType = msgspec.UNSET
 
 
-class ErrorBody(_Response, kw_only=True):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(_Response, kw_only=True):
-    error: ErrorBody

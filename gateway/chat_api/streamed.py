@@ -67,6 +67,7 @@ class StreamedChatFront:
     streamed chat request's exchange (`open_exchange`)."""
 
     path = PATH  # the route `open_exchange` is asked about (`POST` only)
+    exchange = ChatExchange  # what the server protocol makes of such a request
 
     def __init__(self, app: Litestar, max_body_bytes: int) -> None:
         self.app = app

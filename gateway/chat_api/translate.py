@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.chat_api import schemas as S
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import EXTENSIONS, Capabilities, RequestSpec, SamplingParams
+from plugins.contract.protocol import EXTENSIONS, RequestSpec, SamplingParams
 
 
 def _fail(message: str, param: str) -> InvalidRequest:
@@ -166,24 +166,6 @@ def extensions_used(req: S.SamplingFields) -> frozenset[str]:
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
         used.add("continuous_usage_stats")
     return frozenset(used)
-
-
-def check_capabilities(spec: RequestSpec, caps: Capabilities, backend: str) -> None:
-    """Refuse what the chosen backend cannot do, before anything is sent to it."""
-    for name in sorted(spec.extensions - caps.extensions):
-        raise _fail(f"`{name}` is not supported by backend `{backend}`.", name)
-    if spec.response_format and spec.response_format.get("type") != "text" and not caps.supports_response_format:
-        raise _fail(f"JSON `response_format` is not supported by backend `{backend}`.", "response_format")
-    if spec.tools and not caps.supports_tools:
-        raise _fail(f"`tools` are not supported by backend `{backend}`.", "tools")
-    if spec.sampling.logprobs and not caps.supports_logprobs:
-        raise _fail(f"`logprobs` are not supported by backend `{backend}`.", "logprobs")
-    if caps.max_n is not None and spec.sampling.n > caps.max_n:
-        raise _fail(f"`n` is {spec.sampling.n}; backend `{backend}` serves at most {caps.max_n}.", "n")
-    if spec.kind == "completion" and not caps.supports_completions:
-        raise _fail(f"Backend `{backend}` does not serve /v1/completions.", "model")
-    if spec.kind == "embedding" and not caps.supports_embeddings:
-        raise _fail(f"Backend `{backend}` does not serve embeddings (/v1/embeddings).", "model")
 
 
 def _stop(stop: S.Stop | None) -> tuple[str, ...]:

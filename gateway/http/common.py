@@ -18,7 +18,8 @@ from litestar.types import Receive, Scope, Send
 from gateway.service.accounting import RequestAccounting, open_accounting
 from gateway.keys.keyring import ClientKey
 from gateway.errors import from_decode_error
-from gateway.http.head_protocol import BODY_WRITER, exchange_of
+from gateway.http.head_protocol import exchange_of
+from gateway.service.stream_feed import BODY_WRITER
 from gateway.keys import TokenCost
 from gateway.service.gateway import Gateway, Resolved
 from gateway.service.attempts import LastPiece, Served

@@ -1,8 +1,9 @@
 """The gateway's HTTP/1.1 server protocol: uvicorn's `httptools` protocol (connections, keep-alive
 timeout, flow control, pipelining, `limit_concurrency`, graceful shutdown stay uvicorn's) whose
-`POST` to the streamed chat front's path becomes a `ChatExchange` instead of an ASGI request
-cycle; every other request is uvicorn's, with the response head written with the first body
-piece (`HeadWithBodyProtocol`). No ASGI scope is built for a request until one is needed."""
+`POST` to the app's fast path becomes the app's own exchange (`exchange`: the streamed chat
+front's `ChatExchange`) instead of an ASGI request cycle; every other request is uvicorn's, with
+the response head written with the first body piece (`HeadWithBodyProtocol`). No ASGI scope is
+built for a request until one is needed."""
 
 from __future__ import annotations
 
@@ -12,19 +13,19 @@ from typing import Any
 
 import httptools
 
-from gateway.chat_api.exchange import ChatExchange
-from gateway.http.head_protocol import HeadWithBodyProtocol, begin_scope
+from gateway.http.head_protocol import HeadWithBodyProtocol, ServerExchange, begin_scope
 
 
 class ExchangeProtocol(HeadWithBodyProtocol):
-    """Serves the chat path through the ASGI app's `open_exchange` (the streamed chat front);
-    an app without one (or one uvicorn wrapped) is served through ASGI only."""
+    """Serves the app's fast path (`path`) as its `exchange` through its `open_exchange` (the
+    streamed chat front); an app without one (or one uvicorn wrapped) is served through ASGI only."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.open_exchange = getattr(self.app, "open_exchange", None)
-        self.chat_path: str | None = getattr(self.app, "path", None) if self.open_exchange is not None else None
-        self.serving: ChatExchange | None = None  # the exchange whose task runs (maybe not `cycle`: pipelining)
+        self.exchange: type[ServerExchange] | None = getattr(self.app, "exchange", None)
+        self.chat_path: str | None = getattr(self.app, "path", None) if self.open_exchange and self.exchange else None
+        self.serving: ServerExchange | None = None  # the exchange whose task runs (maybe not `cycle`: pipelining)
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -44,7 +45,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
             self._uvicorn_headers_complete()
             return
         http_version = parser.get_http_version()
-        exchange = ChatExchange(self, target, http_version, http_version != "1.0" and parser.should_keep_alive())
+        exchange = self.exchange(self, target, http_version, http_version != "1.0" and parser.should_keep_alive())  # type: ignore[call-arg, misc]
         existing, self.cycle = self.cycle, exchange  # type: ignore[assignment]
         if existing is None or existing.response_complete:
             self._start_asgi_task(exchange, None)  # type: ignore[arg-type]
@@ -57,7 +58,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
         super().on_headers_complete()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        if type(cycle) is not ChatExchange:
+        if type(cycle) is not self.exchange:
             super()._start_asgi_task(cycle, app)
             return
         self.serving = cycle

@@ -16,18 +16,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-
 _send = RequestResponseCycle.send
-
-# While `http_common.send_sse` sends a streamed body from a request's task: that request cycle's
-# `write_piece`, for the producer of the body's middle pieces to write them itself
-# (`serving.stream_body`); None behind any other server.
-BODY_WRITER: ContextVar[Callable[[bytes], bool] | None] = ContextVar("switchyard_body_writer", default=None)
 
 
 class _Collect:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Config
-from gateway.keys.limiter import NO_RESERVATION, BudgetExhausted, KeyLimiter, KeyLimitExceeded, Reservation, StateUnavailable
+from gateway.errors import BudgetExhausted, KeyLimitExceeded, StateUnavailable
+from gateway.keys.limiter import NO_RESERVATION, KeyLimiter, Reservation
 from gateway.keys.limits import KeyLimits, TokenCost
 from gateway.keys.store import MemoryStore, StateStore
 

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.keys.limits import NO_COST, BudgetPeriod, KeyLimits, TokenCost, request_cost
 from gateway.keys.store import Admission, StateStore, StateStoreError, seconds_to_full
-from plugins.contract.errors import Overloaded, SwitchyardError
+from gateway.errors import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from plugins.contract.protocol import RequestSpec, Usage
 
 log = logging.getLogger("switchyard.keys")
@@ -45,21 +45,6 @@ MESSAGES = {
 }
 
 
-class KeyLimitExceeded(Overloaded):
-    """A client key is over one of its limits (429, with `Retry-After` and `x-ratelimit-*`)."""
-
-    def __init__(self, message: str, *, retry_after_s: float | None, headers: dict[str, str], code: str = "rate_limit_exceeded") -> None:
-        super().__init__(message, retry_after_s=retry_after_s)
-        self.code = code
-        self.headers = headers
-
-
-class BudgetExhausted(KeyLimitExceeded):
-    """A client key has used its token budget for the period (429 `insufficient_quota`)."""
-
-
-class StateUnavailable(SwitchyardError):
-    """The limits' state store cannot be reached and `on_state_error = "deny"` (503)."""
 
 
 class Reservation:

@@ -17,7 +17,8 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.config import Config
-from gateway.keys.limiter import StateUnavailable, go_duration
+from gateway.errors import StateUnavailable
+from gateway.keys.limiter import go_duration
 from gateway.keys.limits import BudgetPeriod, KeyLimits
 from gateway.keys.store import KeyUsage, StateStore, StateStoreError, seconds_to_full
 from plugins.contract.errors import PermissionDenied

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.errors import status_and_type
+from gateway.errors import ErrorResponse, status_and_type
 from gateway.ids import token_hex
 from gateway.messages_api import schemas as M
 from gateway.messages_api.errors import error_response
-from gateway.chat_api.schemas import ErrorResponse
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import (
     Event,

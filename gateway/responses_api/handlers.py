@@ -18,7 +18,8 @@ from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.responses_api import schemas as R
 from gateway.responses_api import respond as service, translate
 from gateway.responses_api.encode import new_id
-from gateway.responses_api.store import StoreConfig, open_store
+from gateway.config import StoreConfig
+from gateway.responses_api.store import open_store
 from gateway.service.gateway import Gateway
 from plugins.contract.errors import InvalidRequest, NotFound
 

@@ -16,7 +16,7 @@ from gateway.service.accounting import RequestAccounting
 from gateway.responses_api import schemas as R
 from gateway.responses_api.encode import OutputBuilder, usage_body
 from gateway.responses_api.store import ResponseStore, StoredResponse
-from gateway.chat_api.schemas import ErrorBody, ErrorResponse
+from gateway.errors import ErrorBody, ErrorResponse
 from gateway.service.gateway import EventPump, Gateway
 from gateway.service.attempts import Served, collect_events, open_events, stream_body
 from plugins.contract.errors import SwitchyardError

@@ -19,22 +19,13 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
+from gateway.config import StoreConfig
 from gateway.responses_api.schemas import Response
 from plugins.contract.errors import ConfigError, UpstreamError
-
-
-class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """`[responses]` in plugins.toml."""
-
-    store: Literal["sqlite", "redis", "none"] = "sqlite"
-    sqlite_path: str = "~/.cache/switchyard/responses.sqlite3"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "switchyard:response:"
-    ttl_s: float | None = None  # stored responses older than this are gone; None: kept
 
 
 class StoredResponse(msgspec.Struct, kw_only=True):
@@ -54,17 +45,6 @@ class ResponseStore(Protocol):
     async def delete(self, response_id: str) -> bool: ...
 
     async def close(self) -> None: ...
-
-
-def check_store_config(config: StoreConfig, source: str) -> None:
-    """What can be told before start-up: the keys' values (the file and the server are opened
-    by `open_store`)."""
-    if config.store == "sqlite" and not config.sqlite_path.strip():
-        raise ConfigError(f"{source}: empty path at `responses.sqlite_path`", param="responses.sqlite_path")
-    if config.store == "redis" and not config.redis_url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"{source}: not a redis:// URL at `responses.redis_url`", param="responses.redis_url")
-    if config.ttl_s is not None and config.ttl_s <= 0:
-        raise ConfigError(f"{source}: must be above 0 at `responses.ttl_s`", param="responses.ttl_s")
 
 
 async def open_store(config: StoreConfig) -> ResponseStore | None:

@@ -15,25 +15,13 @@ from dataclasses import dataclass
 
 import msgspec
 
-from plugins.contract.errors import InvalidRequest, Overloaded, SwitchyardError
+from gateway.errors import DeadlineExceeded
+from plugins.contract.errors import InvalidRequest, Overloaded
 from plugins.contract.protocol import RequestSpec
 
 RETRY_AFTER_S = 1.0
 
 
-class DeadlineExceeded(SwitchyardError):
-    """The request ran past its route's `request_timeout_s` (504)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"The request did not complete within its deadline of {timeout_s:g} s.", code="request_timeout")
-
-
-class ShuttingDown(SwitchyardError):
-    """The server is draining: no new requests, and what is still running at the end of the
-    drain period is ended (503)."""
-
-    def __init__(self, message: str = "The server is shutting down; retry on another replica.") -> None:
-        super().__init__(message, code="server_shutting_down")
 
 
 @dataclass(frozen=True)

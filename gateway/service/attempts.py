@@ -19,17 +19,17 @@ import msgspec
 
 from gateway.service.accounting import RequestAccounting
 from gateway.errors import error_payload
-from gateway.http.head_protocol import BODY_WRITER
+
 from gateway.service.admission import BackendLimiter, Deadline
 from gateway.observability.metrics import ArmMetrics
 from gateway.service.outcomes import check_usage, error_label, outcome_of, retry_kind
 from gateway.observability.request_log import Attempt
 from gateway.service.request_timer import RequestTimer, is_token_event
 from gateway.service.route_plan import RoutePlan
-from gateway.chat_api.schemas import ErrorResponse
+from gateway.errors import ErrorResponse
 from gateway.service.gateway import EventPump, Gateway, Resolved
-from gateway.service.stream_feed import StreamFeed
-from gateway.chat_api.translate import check_capabilities
+from gateway.service.stream_feed import BODY_WRITER, StreamFeed
+from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import Event, RequestSpec, Usage
 from plugins.contract.config_types import Target

@@ -23,7 +23,8 @@ from gateway.keys.keyring import Redactor, authorization_of
 from gateway.config import Config, resolve_backend_options
 from gateway.service.event_pump import EventPump
 from gateway.keys import KeyLimiter, build_key_limiter
-from gateway.service.admission import BackendLimiter, RouteLimits, ShuttingDown
+from gateway.errors import ShuttingDown
+from gateway.service.admission import BackendLimiter, RouteLimits
 from gateway.observability.metrics import ArmMetrics, Metrics, observe, observe_all
 from gateway.service.outcomes import error_label, outcome_of, retry_kind
 from gateway.observability.replica_load import WORKER_MODES, BackendLoads, ReplicaCollector

@@ -13,7 +13,7 @@ import msgspec
 from gateway.service.outcomes import error_label
 from gateway.observability.request_log import Attempt
 from gateway.service.request_timer import RequestTimer, is_token_event
-from gateway.chat_api.translate import check_capabilities
+from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Backend, RequestSpec, Usage
 from plugins.contract.config_types import Target

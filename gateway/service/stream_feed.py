@@ -6,6 +6,7 @@ task, or pushed from the upstream connection's callback straight to the client (
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from gateway.service.request_timer import is_token_event
@@ -13,6 +14,12 @@ from plugins.contract.protocol import Event, TextDelta, Usage
 
 if TYPE_CHECKING:
     from gateway.service.attempts import Observed, StreamWriter
+
+# While the HTTP layer sends a streamed body from a request's task (`gateway.http.common.send_sse`,
+# the chat exchange): that request cycle's `write_piece`, for the producer of the body's middle
+# pieces to write them itself (`gateway.service.attempts.stream_body`); None behind any other
+# server.
+BODY_WRITER: ContextVar[Callable[[bytes], bool] | None] = ContextVar("switchyard_body_writer", default=None)
 
 
 class StreamFeed:

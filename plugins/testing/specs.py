@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Capabilities, RequestSpec
 
@@ -47,8 +48,6 @@ def build_spec(kind: str, model: str, **body: Any) -> RequestSpec:
 def gateway_refusal(spec: RequestSpec, caps: Capabilities, backend: str) -> SwitchyardError | None:
     """The error the gateway answers `spec` with for a backend of these capabilities, before
     anything is sent to it; None when it would be sent."""
-    from gateway.chat_api.translate import check_capabilities
-
     try:
         check_capabilities(spec, caps, backend)
     except SwitchyardError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.chat_api.translate import check_capabilities
+from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, choice_grammar
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions

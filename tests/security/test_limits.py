@@ -252,7 +252,8 @@ def test_deadline_counts_the_time_in_the_queue(gw: GatewayThread) -> None:
 
 
 def test_limiter_hands_slots_in_order_and_never_leaks_one() -> None:
-    from gateway.service.admission import BackendLimiter, Deadline, DeadlineExceeded, ShuttingDown
+    from gateway.errors import DeadlineExceeded, ShuttingDown
+    from gateway.service.admission import BackendLimiter, Deadline
     from plugins.contract.errors import Overloaded
 
     async def main() -> None:

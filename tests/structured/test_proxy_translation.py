@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from gateway.chat_api.translate import check_capabilities
+from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import InvalidRequest
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, regex_grammar
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
