@@ -1,7 +1,6 @@
-"""Plugin layer: hook specifications, the plugin manager, backend and routing plugins."""
+"""Plugin layer: the contract (`contract/`), the plugin manager, and the backend and routing
+plugins behind it."""
 
-import pluggy
-
-hookimpl = pluggy.HookimplMarker("switchyard")
+from plugins.contract.hookspecs import hookimpl
 
 __all__ = ["hookimpl"]

@@ -71,7 +71,7 @@ _MESSAGE_STOP = _sse(b"message_stop", M.MessageStop())
 
 
 class MessageStream:
-    """One streamed message (a `gateway.service.attempts.StreamWriter`): which block is open (its kind
+    """One streamed message (a `gateway.service.stream_feed.StreamWriter`): which block is open (its kind
     and index), the tool calls seen, the finish."""
 
     def __init__(self, spec: RequestSpec) -> None:

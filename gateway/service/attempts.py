@@ -26,9 +26,9 @@ from gateway.service.outcomes import check_usage, error_label, outcome_of, retry
 from gateway.observability.request_log import Attempt
 from gateway.service.request_timer import RequestTimer, is_token_event
 from gateway.service.route_plan import RoutePlan
-from gateway.errors import ErrorResponse
 from gateway.service.gateway import EventPump, Gateway, Resolved
-from gateway.service.stream_feed import BODY_WRITER, StreamFeed
+from gateway.service.shadow import fork_shadow
+from gateway.service.stream_feed import BODY_WRITER, StreamFeed, StreamWriter
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import Event, RequestSpec, Usage
@@ -91,7 +91,7 @@ class Observed:
             if self.accounting is not None:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
-                gateway.shadows.fork(self.spec, plan)  # once per request, once it is known to be servable
+                fork_shadow(gateway, self.spec, plan)  # once per request, once it is known to be servable
             self.resolved, self.attempt_spec = resolved, spec
             backend = resolved.backend.name
             self._arm = gateway.metrics.arm(plan.route.name, backend)
@@ -201,23 +201,6 @@ class Observed:
 
 
 
-class StreamWriter(Protocol):
-    """A wire API's streamed body for one request: bytes for each batch of events."""
-
-    def start(self, first: list[Event]) -> bytes:
-        """What goes out before the first batch (which it may look at, not consume)."""
-
-    def feed(self, batch: list[Event]) -> bytes: ...
-
-    async def finish(self, usage: Usage) -> bytes:
-        """The end of a stream that completed (after whatever must happen before the client
-        sees it, e.g. storing the response); raise `SwitchyardError` if the backend left it
-        incomplete (a choice never finished)."""
-
-    async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
-        """The end of a stream that failed after it began."""
-
-
 class EventSink(Protocol):
     """A wire API's non-streamed answer being assembled from events."""
 
@@ -286,7 +269,7 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
     arrive, without this generator (`StreamFeed.push`, `push_text`): whatever passes its
     pieces on between here and `send_sse` must pass them on unchanged."""
     observed, pump = opened.observed, opened.pump
-    body = StreamFeed(observed, writer, BODY_WRITER.get())
+    body = StreamFeed(observed.timer, observed.accounting, writer, BODY_WRITER.get())
     error: BaseException | None = None
     held = b""  # the last batch's bytes, sent with the end
     try:

@@ -1,6 +1,7 @@
 """The gateway's state and its request path, free of HTTP: the backends, the routes and the
 plugin manager; picking a route's target (routing hook, circuit breakers, fallback); recording a
-finished request (metrics, breakers, the request log). Shadow copies: `gateway.service.shadow`.
+finished request (metrics, breakers, the request log). Shadow copies: `gateway.service.shadow`,
+their tasks held here.
 
 Owned by the app's lifespan (`app.state.gateway`), started once and closed in `finally`.
 """
@@ -31,7 +32,6 @@ from gateway.observability.replica_load import WORKER_MODES, BackendLoads, Repli
 from gateway.observability.request_log import Attempt, RequestLog, RequestRecord
 from gateway.service.request_timer import RequestTimer
 from gateway.service.route_plan import RoutePlan, validate_routes
-from gateway.service.shadow import ShadowCopies
 from gateway.observability.telemetry import Telemetry, build_telemetry
 from plugins.routing import strategies as routing
 from plugins.contract.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
@@ -68,13 +68,12 @@ class Gateway:
     key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
     telemetry: Telemetry | None = field(init=False, default=None)  # None: tracing off
     _pumps: set[EventPump] = field(init=False, default_factory=set)  # every request's event pump in flight
-    shadows: ShadowCopies = field(init=False)  # a route's `shadow` copies in flight
+    shadow_tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)  # a route's `shadow` copies in flight
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
     _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.shadows = ShadowCopies(self)
         self._in_flight_view = MappingProxyType(self.in_flight)
         self._load_view = BackendLoads(self.backends, self.in_flight)
         self.metrics.show_live(ReplicaCollector(self.backends), WORKER_MODES)
@@ -152,7 +151,9 @@ class Gateway:
         if self._cut is not None:
             self._cut.cancel()
         await self.health.close()
-        await self.shadows.close()
+        for task in self.shadow_tasks:
+            task.cancel()
+        await asyncio.gather(*self.shadow_tasks, return_exceptions=True)
         results = await asyncio.gather(*(b.close() for b in self.backends.values()), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -23,76 +23,66 @@ if TYPE_CHECKING:
     from gateway.service.gateway import Gateway
 
 
-class ShadowCopies:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.tasks: set[asyncio.Task[None]] = set()
+def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan) -> None:
+    """Mirror `spec` to the route's shadow backend for `shadow.fraction` of requests, unless
+    the copies are at their `max_concurrent`, the backend's breaker is open or it is full. The
+    copy's task is one of `gateway.shadow_tasks` (cancelled when the gateway closes)."""
+    shadow = plan.shadow
+    if shadow is None or (shadow.fraction < 1.0 and random.random() >= shadow.fraction):
+        return
+    route = plan.route.name
+    skipped = gateway.metrics.shadow_skipped
+    if len(gateway.shadow_tasks) >= shadow.max_concurrent:
+        skipped.labels(route, shadow.backend, "max_concurrent").inc()
+        return
+    if not gateway.health.can_route(shadow.backend):
+        skipped.labels(route, shadow.backend, "circuit_open").inc()
+        return
+    limiter = gateway.limiters.get(shadow.backend)
+    if limiter is not None and not limiter.can_admit_now():
+        skipped.labels(route, shadow.backend, "at_capacity").inc()
+        return
+    backend = gateway.backends[shadow.backend]
+    copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
+    try:
+        check_capabilities(copy, backend.capabilities(), backend.name)
+    except SwitchyardError:
+        skipped.labels(route, shadow.backend, "unsupported").inc()
+        return
+    target = Target(backend=shadow.backend, model=plan.shadow_model)
+    task = asyncio.get_running_loop().create_task(_run(gateway, copy, plan, target, backend))
+    gateway.shadow_tasks.add(task)
+    task.add_done_callback(gateway.shadow_tasks.discard)
 
-    def fork(self, spec: RequestSpec, plan: RoutePlan) -> None:
-        """Mirror `spec` to the route's shadow backend for `shadow.fraction` of requests, unless
-        the copies are at their `max_concurrent`, the backend's breaker is open or it is full."""
-        shadow = plan.shadow
-        if shadow is None or (shadow.fraction < 1.0 and random.random() >= shadow.fraction):
-            return
-        gateway, route = self.gateway, plan.route.name
-        skipped = gateway.metrics.shadow_skipped
-        if len(self.tasks) >= shadow.max_concurrent:
-            skipped.labels(route, shadow.backend, "max_concurrent").inc()
-            return
-        if not gateway.health.can_route(shadow.backend):
-            skipped.labels(route, shadow.backend, "circuit_open").inc()
-            return
-        limiter = gateway.limiters.get(shadow.backend)
-        if limiter is not None and not limiter.can_admit_now():
-            skipped.labels(route, shadow.backend, "at_capacity").inc()
-            return
-        backend = gateway.backends[shadow.backend]
-        copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
+
+async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend) -> None:
+    timer = RequestTimer()
+    usage: Usage | None = None
+    error: BaseException | None = None
+    limiter = gateway.limiters.get(backend.name)
+    if limiter is not None and not limiter.try_acquire():
+        gateway.metrics.shadow_skipped.labels(plan.route.name, backend.name, "at_capacity").inc()
+        return
+    gateway.in_flight[backend.name] = gateway.in_flight.get(backend.name, 0) + 1
+    events = backend.generate(spec)
+    try:
+        async for event in events:
+            if isinstance(event, Usage):
+                usage = event
+            elif is_token_event(event):
+                timer.mark_tokens()
+    except BaseException as exc:  # recorded below; a shadow's failure goes nowhere else
+        error = exc
+    finally:
+        gateway.in_flight[backend.name] -= 1
+        if limiter is not None:
+            limiter.release()
         try:
-            check_capabilities(copy, backend.capabilities(), backend.name)
-        except SwitchyardError:
-            skipped.labels(route, shadow.backend, "unsupported").inc()
-            return
-        target = Target(backend=shadow.backend, model=plan.shadow_model)
-        task = asyncio.get_running_loop().create_task(self._run(copy, plan, target, backend))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _run(self, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend) -> None:
-        gateway = self.gateway
-        timer = RequestTimer()
-        usage: Usage | None = None
-        error: BaseException | None = None
-        limiter = gateway.limiters.get(backend.name)
-        if limiter is not None and not limiter.try_acquire():
-            gateway.metrics.shadow_skipped.labels(plan.route.name, backend.name, "at_capacity").inc()
-            return
-        gateway.in_flight[backend.name] = gateway.in_flight.get(backend.name, 0) + 1
-        events = backend.generate(spec)
-        try:
-            async for event in events:
-                if isinstance(event, Usage):
-                    usage = event
-                elif is_token_event(event):
-                    timer.mark_tokens()
-        except BaseException as exc:  # recorded below; a shadow's failure goes nowhere else
-            error = exc
-        finally:
-            gateway.in_flight[backend.name] -= 1
-            if limiter is not None:
-                limiter.release()
-            try:
-                await events.aclose()  # type: ignore[attr-defined]
-            except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise
-                pass
-            arm = gateway.metrics.arm(plan.route.name, target.backend, shadow=True)
-            attempts = [Attempt(backend=target.backend, outcome="ok" if error is None else error_label(error))]
-            gateway.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True)
-        if isinstance(error, asyncio.CancelledError):
-            raise error
-
-    async def close(self) -> None:
-        tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            await events.aclose()  # type: ignore[attr-defined]
+        except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise
+            pass
+        arm = gateway.metrics.arm(plan.route.name, target.backend, shadow=True)
+        attempts = [Attempt(backend=target.backend, outcome="ok" if error is None else error_label(error))]
+        gateway.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True)
+    if isinstance(error, asyncio.CancelledError):
+        raise error

@@ -7,19 +7,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gateway.service.request_timer import is_token_event
+from gateway.errors import ErrorResponse
+from gateway.service.accounting import RequestAccounting
+from gateway.service.request_timer import RequestTimer, is_token_event
+from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Event, TextDelta, Usage
-
-if TYPE_CHECKING:
-    from gateway.service.attempts import Observed, StreamWriter
 
 # While the HTTP layer sends a streamed body from a request's task (`gateway.http.common.send_sse`,
 # the chat exchange): that request cycle's `write_piece`, for the producer of the body's middle
 # pieces to write them itself (`gateway.service.attempts.stream_body`); None behind any other
 # server.
 BODY_WRITER: ContextVar[Callable[[bytes], bool] | None] = ContextVar("switchyard_body_writer", default=None)
+
+
+class StreamWriter(Protocol):
+    """A wire API's streamed body for one request: bytes for each batch of events."""
+
+    def start(self, first: list[Event]) -> bytes:
+        """What goes out before the first batch (which it may look at, not consume)."""
+
+    def feed(self, batch: list[Event]) -> bytes: ...
+
+    async def finish(self, usage: Usage) -> bytes:
+        """The end of a stream that completed (after whatever must happen before the client
+        sees it, e.g. storing the response); raise `SwitchyardError` if the backend left it
+        incomplete (a choice never finished)."""
+
+    async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
+        """The end of a stream that failed after it began."""
 
 
 class StreamFeed:
@@ -31,10 +48,12 @@ class StreamFeed:
     task. `push_text` is `push` of one plain token, through the writer's `feed_text` when it has
     one."""
 
-    __slots__ = ("_observed", "_writer", "_write", "_feed_text", "usage", "kept", "_error")
+    __slots__ = ("_timer", "_accounting", "_writer", "_write", "_feed_text", "usage", "kept", "_error")
 
-    def __init__(self, observed: Observed, writer: StreamWriter, write: Callable[[bytes], bool] | None) -> None:
-        self._observed = observed
+    def __init__(self, timer: RequestTimer, accounting: RequestAccounting | None, writer: StreamWriter,
+                 write: Callable[[bytes], bool] | None) -> None:
+        self._timer = timer
+        self._accounting = accounting
         self._writer = writer
         self._write = write
         self._feed_text: Callable[[int, str], bytes] | None = getattr(writer, "feed_text", None)
@@ -51,7 +70,6 @@ class StreamFeed:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        observed = self._observed
         tokens = False
         for event in batch:
             if isinstance(event, Usage):
@@ -59,9 +77,9 @@ class StreamFeed:
             elif not tokens and is_token_event(event):
                 tokens = True
         if tokens:
-            observed.timer.mark_tokens()
-        if observed.accounting is not None:
-            observed.accounting.on_events(batch)
+            self._timer.mark_tokens()
+        if self._accounting is not None:
+            self._accounting.on_events(batch)
         out = self._writer.feed(batch)
         if self.kept:
             out, self.kept = self.kept + out, b""
@@ -79,10 +97,9 @@ class StreamFeed:
         feed_text = self._feed_text
         if feed_text is None or self._error is not None or self.kept:
             return self.push([TextDelta(text=text, index=index)])
-        observed = self._observed
-        observed.timer.mark_tokens()
-        if observed.accounting is not None:
-            observed.accounting.on_text()
+        self._timer.mark_tokens()
+        if self._accounting is not None:
+            self._accounting.on_text()
         try:
             out = feed_text(index, text)
         except Exception as exc:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from plugins import hookimpl
+from plugins.contract.hookspecs import hookimpl
 from plugins.builtin.embeddings import allowed_dimensions
 from plugins.builtin.embeddings import embed as embed_with_engine
 from plugins.contract.errors import (

@@ -1,7 +1,8 @@
 """Switchyard's hook specifications (pluggy project name `switchyard`).
 
 Declarations only: each docstring is the contract — arguments, return value, who calls the hook
-and when. Implementations are marked with `plugins.hookimpl`.
+and when. Implementations are marked with `hookimpl` (also `plugins.hookimpl`,
+`switchyard.plugin.hookimpl`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from plugins.contract.config_types import BackendType, Route, Target
 
 hookspec = pluggy.HookspecMarker("switchyard")
+hookimpl = pluggy.HookimplMarker("switchyard")
 
 
 @hookspec

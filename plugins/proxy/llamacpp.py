@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from plugins import hookimpl
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.contract.protocol import Rendered

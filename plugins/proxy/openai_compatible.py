@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from plugins import hookimpl
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import Capabilities, RequestSpec
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import ProxyOptions, check_extensions

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from plugins import hookimpl
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import EXTENSIONS, RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.contract.protocol import Rendered
 from plugins.proxy.backend import ProxyBackend

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from plugins import hookimpl
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.errors import ConfigError
 from plugins.fleet.balance import Balancer, make_balancer
 from plugins.fleet.options import PrefixCacheOptions

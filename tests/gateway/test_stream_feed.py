@@ -33,7 +33,7 @@ def _feed(refuse: int | None = None) -> tuple[StreamFeed, list[bytes], types.Sim
         return True
 
     observed = types.SimpleNamespace(timer=RequestTimer(), accounting=RequestAccounting(NO_RESERVATION, None))
-    return StreamFeed(observed, _StreamState(encoder, spec), write), written, observed  # type: ignore[arg-type]
+    return StreamFeed(observed.timer, observed.accounting, _StreamState(encoder, spec), write), written, observed
 
 
 def _push(feed: StreamFeed, short: bool, index: int, text: str) -> bool:

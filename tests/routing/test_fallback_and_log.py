@@ -112,8 +112,8 @@ async def test_shadow_copies_are_fire_and_forget(tmp_path: Path) -> None:
         for i in range(200):
             served = await collect(gateway, spec("r", request_id=f"q{i}"))
             assert served.backend == "main" and served.body.choices[0].message.content == "M hello big world"
-        while gateway.shadows.tasks:
-            await gateway.shadows.tasks.pop()
+        while gateway.shadow_tasks:
+            await gateway.shadow_tasks.pop()
         text = gateway.metrics.render().decode()
         mirrored = metric(text, "switchyard_shadow_requests_total", route="r", backend="mirror")
         assert 60 <= mirrored <= 140, mirrored  # half of 200, give or take
