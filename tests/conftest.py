@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # imports triton, which any test module may do.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest_plugins = ["tests.fixtures_models", "plugins.testing"]  # plugins.testing: the conformance battery
+pytest_plugins = ["tests.fixtures_models", "switchyard.testing"]  # switchyard.testing: the conformance battery
 
 
 def pytest_addoption(parser):

@@ -7,9 +7,10 @@ types and ranges are already enforced by the structs in `gateway/chat_api/schema
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -272,3 +273,21 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         user=req.user,
         extensions=extensions_used(req),
     )
+
+
+_body_ids = itertools.count(1)
+MAX_N = 128  # the most choices the schema allows; a backend's own limit is its capability
+
+
+def spec_of_body(kind: Literal["chat", "completion"], model: str, body: dict[str, Any]) -> RequestSpec:
+    """The RequestSpec a chat or completion JSON body (without `model`) becomes, through the same
+    decoding and checks as a client's request: how the conformance battery builds its requests
+    (`plugins.testing.specs.SpecBuilder`). `InvalidRequest` when the gateway would answer 400."""
+    struct = S.ChatCompletionRequest if kind == "chat" else S.CompletionRequest
+    request = msgspec.json.decode(msgspec.json.encode({"model": model, **body}), type=struct)
+    request_id = f"plugin-check-{next(_body_ids)}"
+    if isinstance(request, S.ChatCompletionRequest):
+        check_chat(request, max_n=MAX_N)
+        return chat_spec(request, request_id=request_id, upstream_model=model)
+    check_completion(request, max_n=MAX_N)
+    return completion_spec(request, request_id=request_id, upstream_model=model)

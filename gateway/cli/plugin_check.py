@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from gateway.chat_api.translate import spec_of_body
 from plugins.contract.errors import ConfigError
 from plugins.testing import Subject, format_summary, format_verdict
 from plugins.testing.registry import CHECKS, Check, ordered
@@ -45,7 +46,7 @@ def plugin_check(args: argparse.Namespace) -> int:
     checks = ordered(args.check or None)
     subject = subject_from_config(args.config, args.backend, model=args.model)
     print(f"plugin-check: {subject.label}", flush=True)
-    return asyncio.run(_run(Battery(subject, request_timeout_s=args.request_timeout), checks))
+    return asyncio.run(_run(Battery(subject, build_spec=spec_of_body, request_timeout_s=args.request_timeout), checks))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

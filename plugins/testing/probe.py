@@ -10,8 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins.contract.errors import InvalidRequest, SwitchyardError
-from plugins.contract.protocol import Backend, Capabilities, ModelInfo, RequestSpec, TokenizeRequest
-from plugins.testing.specs import build_spec, gateway_refusal
+from plugins.contract.protocol import (
+    Backend,
+    Capabilities,
+    ModelInfo,
+    RequestSpec,
+    TokenizeRequest,
+)
+from plugins.testing.specs import SpecBuilder, gateway_refusal
 from plugins.testing.trace import Trace
 
 
@@ -34,8 +40,10 @@ def in_flight_of(backend: Backend) -> int | None:
 
 
 class Probe:
-    def __init__(self, backend: Backend, *, model: str | None = None, request_timeout_s: float = 120.0) -> None:
+    def __init__(self, backend: Backend, *, build_spec: SpecBuilder, model: str | None = None,
+                 request_timeout_s: float = 120.0) -> None:
         self.backend = backend
+        self.build_spec = build_spec
         self.wanted_model = model
         self.request_timeout_s = request_timeout_s
         self.opening = Opening()
@@ -87,11 +95,11 @@ class Probe:
     def chat(self, content: str | list[dict[str, Any]], **body: Any) -> RequestSpec:
         messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
         body.setdefault("temperature", 0)
-        return build_spec("chat", self.model, messages=messages, **body)
+        return self.build_spec("chat", self.model, {"messages": messages, **body})
 
     def completion(self, prompt: str | list[int], **body: Any) -> RequestSpec:
         body.setdefault("temperature", 0)
-        return build_spec("completion", self.model, prompt=prompt, **body)
+        return self.build_spec("completion", self.model, {"prompt": prompt, **body})
 
     def refusal(self, spec: RequestSpec) -> SwitchyardError | None:
         return gateway_refusal(spec, self.caps, self.backend.name)

@@ -17,20 +17,9 @@ from plugins.contract.errors import ConfigError
 
 if TYPE_CHECKING:
     from plugins.testing.probe import Probe
-    from plugins.testing.trace import Trace
 
 CheckFn = Callable[["Probe"], Awaitable[str]]
 Status = Literal["pass", "fail", "skip"]
-
-
-class Failed(Exception):
-    """The backend broke the check's rule: `message` says how, in plain words; `traces` are the
-    requests that show it (their event sequences go into the verdict)."""
-
-    def __init__(self, message: str, *traces: Trace) -> None:
-        super().__init__(message)
-        self.message = message
-        self.traces = traces
 
 
 class Skipped(Exception):

@@ -8,18 +8,23 @@ import time
 
 from plugins.testing.checks import lifecycle as _registered  # noqa: F401 - importing registers every check
 from plugins.testing.probe import Probe
-from plugins.testing.registry import CHECKS, Check, Failed, Skipped, Verdict, ordered
+from plugins.testing.registry import CHECKS, Check, Skipped, Verdict, ordered
+from plugins.testing.specs import SpecBuilder
 from plugins.testing.subject import Subject
-from plugins.testing.trace import describe_error
+from plugins.testing.trace import Failed, describe_error
 
 CHECK_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 120.0
 
 
 class Battery:
-    def __init__(self, subject: Subject, *, check_timeout_s: float = CHECK_TIMEOUT_S,
+    """The checks against one subject, its requests built by `build_spec` (the gateway's own: see
+    `plugins.testing.specs`)."""
+
+    def __init__(self, subject: Subject, *, build_spec: SpecBuilder, check_timeout_s: float = CHECK_TIMEOUT_S,
                  request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.subject = subject
+        self.build_spec = build_spec
         self.check_timeout_s = check_timeout_s
         self.request_timeout_s = request_timeout_s
         self.probe: Probe | None = None
@@ -33,7 +38,8 @@ class Battery:
         except Exception as exc:  # noqa: BLE001 - reported by every check
             self.create_error = exc
             return
-        self.probe = Probe(backend, model=self.subject.model, request_timeout_s=self.request_timeout_s)
+        self.probe = Probe(backend, build_spec=self.build_spec, model=self.subject.model,
+                           request_timeout_s=self.request_timeout_s)
         await self.probe.open()
 
     async def run(self, name: str) -> Verdict:
@@ -85,6 +91,7 @@ class Battery:
                 pass
 
 
-async def run_battery(subject: Subject, names: list[str] | None = None, **limits: float) -> list[Verdict]:
+async def run_battery(subject: Subject, names: list[str] | None = None, *, build_spec: SpecBuilder,
+                      **limits: float) -> list[Verdict]:
     """Every check (or those named) against a fresh backend, in order; its verdicts."""
-    return await Battery(subject, **limits).run_all(names)
+    return await Battery(subject, build_spec=build_spec, **limits).run_all(names)

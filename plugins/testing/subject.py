@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 
 from plugins.contract.errors import ConfigError
-from plugins.manager import backend_types, build_plugin_manager
 from plugins.contract.protocol import Backend
+from plugins.manager import backend_types, build_plugin_manager
 
 
 @dataclass

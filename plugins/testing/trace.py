@@ -1,5 +1,6 @@
 """What one request did: the events a backend yielded, the error it raised, how long it took;
-and the one way the battery prints an event sequence."""
+the one way the battery prints an event sequence; and `Failed`, a check's failure shown by the
+traces behind it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from plugins.contract.protocol import (
     ToolCallDelta,
     Usage,
 )
-from plugins.testing.registry import Failed
 
 SHOWN_HEAD = 24  # events printed from the start of a long sequence
 SHOWN_TAIL = 8  # and from its end
+
+
+class Failed(Exception):
+    """The backend broke the check's rule: `message` says how, in plain words; `traces` are the
+    requests that show it (their event sequences go into the verdict)."""
+
+    def __init__(self, message: str, *traces: Trace) -> None:
+        super().__init__(message)
+        self.message = message
+        self.traces = traces
 
 
 @dataclass

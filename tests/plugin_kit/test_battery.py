@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from plugins.testing import CHECKS, Subject, Verdict, run_battery
+from switchyard.testing import CHECKS, Subject, Verdict, run_battery
 from tests.plugin_kit.defects import CAUGHT_BY, Embeds
 
 

@@ -76,7 +76,7 @@ def test_plugin_check_refuses_an_unknown_backend_name(toy_package: Path, tmp_pat
 
 
 def test_pytest_plugin_one_test_per_check(toy_package: Path, broken_package: Path, tmp_path: Path) -> None:
-    args = ["-m", "pytest", "-p", "plugins.testing", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-q"]
+    args = ["-m", "pytest", "-p", "switchyard.testing", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-q"]
     done = run([*args, "--switchyard-backend=toy", "--switchyard-module=switchyard_toy.plugin",
                 '--switchyard-options={"token_delay_s": 0.001}'], toy_package, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

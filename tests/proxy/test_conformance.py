@@ -12,7 +12,7 @@ import re
 import pytest
 
 from engines.launch import ServerProcess
-from plugins.testing import Subject, run_battery
+from switchyard.testing import Subject, run_battery
 from tests.proxy.conftest import CONTEXT, MODEL, public_name
 
 BACKENDS = ("builtin", "builtin_engine_process", "vllm", "llamacpp", "openai_compatible")

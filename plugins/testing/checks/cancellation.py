@@ -11,11 +11,17 @@ import asyncio
 import time
 from typing import Literal
 
-from plugins.contract.protocol import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from plugins.contract.protocol import (
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from plugins.testing.checks.prompts import STORY
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, Skipped, check
-from plugins.testing.trace import Trace, describe_error
+from plugins.testing.registry import Skipped, check
+from plugins.testing.trace import Failed, Trace, describe_error
 
 CLOSE_LIMIT_S = 1.0  # closing a stream must return within this, and in_flight() reach 0 within it
 HANG_S = 10.0  # how long a close that does not return is waited for before it is called hung

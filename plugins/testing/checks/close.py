@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import describe_error
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, describe_error
 
 
 @check("close", needs_model=False, final=True, fix=(

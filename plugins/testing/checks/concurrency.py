@@ -15,8 +15,8 @@ import os
 from plugins.contract.protocol import Finish, Usage
 from plugins.testing.checks.prompts import TOPICS
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import Trace
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, Trace
 
 CONCURRENCY = 32
 TOKENS = 8

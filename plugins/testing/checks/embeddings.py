@@ -8,8 +8,8 @@ import math
 from plugins.contract.errors import InvalidRequest, SwitchyardError
 from plugins.contract.protocol import EmbedRequest, EmbedResult
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import describe_error
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, describe_error
 
 TEXTS = ("The capital of France is Paris.", "Bananas are yellow and grow in bunches.")
 SAME_VECTOR_COSINE = 0.999  # one input alone and in a batch: equal up to batched arithmetic

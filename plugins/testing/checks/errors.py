@@ -8,8 +8,8 @@ from plugins.contract.errors import ContextLengthExceeded, SwitchyardError
 from plugins.contract.protocol import TextDelta
 from plugins.testing.checks.prompts import SHORT
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import Trace, describe_error
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, Trace, describe_error
 
 FILLER = "switchyard "
 UNKNOWN_MODEL = "plugin-check-no-such-model"

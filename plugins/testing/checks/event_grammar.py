@@ -5,8 +5,8 @@ from __future__ import annotations
 from plugins.testing.checks.prompts import STORY, WEATHER_TOOL
 from plugins.testing.grammar import grammar_problems
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import describe_error
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, describe_error
 
 
 @check("event_grammar", fix=(

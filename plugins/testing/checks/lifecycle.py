@@ -7,8 +7,8 @@ import msgspec
 from plugins.contract.protocol import Capabilities, ModelInfo
 from plugins.testing.checks.prompts import SHORT
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
-from plugins.testing.trace import describe_error
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed, describe_error
 
 MODELS_SERVED = 3  # model ids that must each answer a request
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from plugins.contract.protocol import Finish
 from plugins.testing.checks.prompts import REFERENCE_TOKENS, STORY, pick_stop, reference
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, Skipped, check
+from plugins.testing.registry import Skipped, check
+from plugins.testing.trace import Failed
 
 CAP = 3
 

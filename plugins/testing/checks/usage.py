@@ -5,7 +5,8 @@ from __future__ import annotations
 from plugins.contract.protocol import ReasoningDelta, TextDelta, ToolCallDelta
 from plugins.testing.checks.prompts import STORY
 from plugins.testing.probe import Probe
-from plugins.testing.registry import Failed, check
+from plugins.testing.registry import check
+from plugins.testing.trace import Failed
 
 
 @check("usage", fix=(

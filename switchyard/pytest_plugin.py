@@ -1,6 +1,6 @@
 """The battery as pytest tests.
 
-Command line: `pytest -p plugins.testing --switchyard-backend=TYPE --switchyard-options='{...}'`
+Command line: `pytest -p switchyard.testing --switchyard-backend=TYPE --switchyard-options='{...}'`
 adds one test per check, `switchyard::<check>`, against a backend of that type (a failure shows
 its verdict, fix and events).
 
@@ -23,8 +23,8 @@ import pytest
 from plugins.contract.errors import ConfigError
 from plugins.testing.registry import Verdict, ordered
 from plugins.testing.report import format_verdict
-from plugins.testing.runner import Battery
 from plugins.testing.subject import Subject
+from switchyard.testing import Battery
 
 BATTERY_KEY = pytest.StashKey["SyncBattery"]()
 
@@ -123,7 +123,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.fixture(scope="module")
 def switchyard_subject(request: pytest.FixtureRequest) -> Subject:
     """The backend under test: from --switchyard-backend / --switchyard-options, or override this
-    fixture (module scope) to return a `plugins.testing.Subject`."""
+    fixture (module scope) to return a `switchyard.testing.Subject`."""
     subject = subject_from_options(request.config)
     if subject is None:
         pytest.skip("no backend under test: pass --switchyard-backend=TYPE or override the switchyard_subject fixture")
