@@ -21,7 +21,7 @@ from gateway.config import Config
 from gateway.error_handlers import EXCEPTION_HANDLERS, handle_switchyard_error
 from gateway.errors import from_decode_error
 from gateway.ids import request_id_from
-from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, answer
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
 from gateway.errors import ShuttingDown
@@ -81,7 +81,7 @@ async def chat_completions(request: Request, state: State) -> Response:
     data = await decode_body(request, S.ChatCompletionRequest)
     gateway = _gateway(state)
     spec = chat_request_spec(gateway, data, request.state.client_key, request.state.request_id)
-    return await serve(request, gateway, spec, open_stream, collect)
+    return await answer(request, gateway, spec, open_stream, collect)
 
 
 @post("/v1/completions", status_code=200, summary="Create a text completion (OpenAI legacy).")
@@ -92,7 +92,7 @@ async def completions(request: Request, state: State) -> Response:
     check_completion(data, max_n=gateway.config.server.max_n)
     spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
     spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
-    return await serve(request, gateway, spec, open_stream, collect)
+    return await answer(request, gateway, spec, open_stream, collect)
 
 
 @get("/v1/models", summary="List the models this gateway serves.")

@@ -13,7 +13,7 @@ from gateway.service.accounting import RequestAccounting
 from gateway.errors import ErrorResponse
 from gateway.ids import token_hex
 from gateway.service.gateway import Gateway
-from gateway.service.attempts import Served, collect_events, open_events, stream_body
+from gateway.service.attempts import Answer, collect_events, open_events, stream_body
 from gateway.chat_api.chunks import DONE, ChunkEncoder, chat_logprobs_json, error_event
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import (
@@ -36,8 +36,8 @@ def response_id(spec: RequestSpec) -> str:
 # -- streaming ------------------------------------------------------------------------------------
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
-    """The request started (see `serving.open_events`); returns the SSE body."""
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Answer:
+    """The request started (see `gateway.service.attempts.open_events`); returns the SSE body."""
     opened = await open_events(gateway, spec, accounting=accounting)
     encoder = ChunkEncoder(
         id=response_id(spec),
@@ -48,7 +48,7 @@ async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAc
         include_usage=spec.include_usage,
         reasoning_field=gateway.config.server.reasoning_field,
     )
-    return Served(body=stream_body(opened, _StreamState(encoder, spec)), backend=opened.backend)
+    return Answer(body=stream_body(opened, _StreamState(encoder, spec)), backend=opened.backend)
 
 
 class _StreamState:
@@ -180,10 +180,10 @@ class _Choices:
                 raise UpstreamError(f"Backend `{backend}` ended without finishing choice {i}.", kind="bad_gateway")
 
 
-async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Served:
-    """Run the request to its end (see `serving.collect_events`) and build the response object."""
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None = None) -> Answer:
+    """Run the request to its end (see `gateway.service.attempts.collect_events`) and build the response object."""
     sink, usage, backend = await collect_events(gateway, spec, lambda: _Choices(spec.sampling.n), accounting=accounting)
-    return Served(body=_build_response(gateway, spec, sink.choices, usage), backend=backend)
+    return Answer(body=_build_response(gateway, spec, sink.choices, usage), backend=backend)
 
 
 def _reasoning_fields(gateway: Gateway, reasoning: list[str]) -> dict[str, str]:

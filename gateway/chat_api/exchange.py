@@ -1,5 +1,6 @@
-"""`ChatExchange`: one `POST /v1/chat/completions` on our server protocol (`http_server`),
-served without ASGI: no scope, no messages, no uvicorn request cycle.
+"""`ChatExchange`: one `POST /v1/chat/completions` on our server protocol
+(`gateway.http.exchange_protocol`), served without ASGI: no scope, no messages, no uvicorn
+request cycle.
 
 The exchange reads the request's body; the streamed chat front (`open_exchange`) decides. A
 stream it serves is written here straight to the connection: the head uvicorn would write (its

@@ -3,9 +3,9 @@
 `POST /v1/chat/completions` with `"stream": true` is the gateway's hot path: at 256 streams
 Litestar's router, exception middleware (and its wrapper around every `send`), signature model
 and hook machinery were ~15% of the gateway's CPU per request, and uvicorn's ASGI request cycle
-(scope, messages, `send` formatting each) another ~9%. Our server protocol (`http_server`) turns
+(scope, messages, `send` formatting each) another ~9%. Our server protocol (`gateway.http.exchange_protocol`) turns
 such a request into a `ChatExchange`, and `StreamedChatFront.open_exchange` serves it with the
-same pieces the Litestar handler uses (`chat_request_spec`, `http_common.serve_client`),
+same pieces the Litestar handler uses (`chat_request_spec`, `gateway.http.common.answer_client`),
 without a Litestar `Request` or an ASGI scope; the exchange writes the head `to_response` would
 (the app's headers, the answer's, the content type: tests/gateway/test_streamed_chat_front.py
 compares the two), so headers, body, limits, metrics, log and traces are the same bytes and the
@@ -34,7 +34,7 @@ from gateway.chat_api import schemas as S
 from gateway.keys.keyring import ClientKey, authorization_of
 from gateway.chat_api.encode import collect, open_stream
 from gateway.chat_api.exchange import ChatExchange, Opened
-from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, serve_client, take_watch
+from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, answer_client, take_watch
 from gateway.ids import request_id_from
 from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.service.gateway import Gateway
@@ -117,7 +117,7 @@ class StreamedChatFront:
         handed: dict[str, Any] = {}  # (where `accounted` hands the disconnect watch over)
         client = ClientRequest(request_id, key, headers, handed, exchange.receive)  # type: ignore[arg-type]
         try:
-            spec, served, response_headers = await serve_client(client, gateway, spec, open_stream, collect)
+            spec, served, response_headers = await answer_client(client, gateway, spec, open_stream, collect)
         except Exception as exc:
             await exchange.to_asgi(self._in_handler(request_id, key, exc))
             return None

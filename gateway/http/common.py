@@ -1,5 +1,5 @@
 """HTTP pieces every wire API's handlers share: strict body decoding, the key's model check,
-response headers, and serving a request — a JSON answer, or an SSE stream whose backend is
+response headers, and answering a request (`answer`) — JSON, or an SSE stream whose backend is
 cancelled when the client goes away (also while waiting for the first event)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from gateway.http.head_protocol import exchange_of
 from gateway.service.stream_feed import BODY_WRITER
 from gateway.keys import TokenCost
 from gateway.service.gateway import Gateway, Resolved
-from gateway.service.attempts import LastPiece, Served
+from gateway.service.attempts import LastPiece, Answer
 from plugins.contract.errors import InvalidRequest, NotFound, PermissionDenied
 from plugins.contract.protocol import RequestSpec, SamplingParams
 
@@ -87,7 +87,7 @@ def resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) ->
     return gateway.resolve(probe)
 
 
-OpenServed = Callable[[Gateway, RequestSpec, RequestAccounting | None], Awaitable[Served]]
+OpenAnswer = Callable[[Gateway, RequestSpec, RequestAccounting | None], Awaitable[Answer]]
 
 
 class ClientRequest:
@@ -112,10 +112,10 @@ def client_request(request: Request) -> ClientRequest:
     return ClientRequest(state.request_id, state.client_key, request.headers, request.scope, request.receive)
 
 
-async def serve(request: Request, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed, collect: OpenServed) -> Response:
+async def answer(request: Request, gateway: Gateway, spec: RequestSpec, open_stream: OpenAnswer, collect: OpenAnswer) -> Response:
     """Serve `spec` with a front-end's `open_stream` (SSE) or `collect` (JSON), under the
-    client key's limits and in the request's trace (`accounting`, passed on to `serving`)."""
-    spec, served, headers = await serve_client(client_request(request), gateway, spec, open_stream, collect)
+    client key's limits and in the request's trace (`accounting`, passed on to `gateway.service.attempts`)."""
+    spec, served, headers = await answer_client(client_request(request), gateway, spec, open_stream, collect)
     if served is None:
         return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     if spec.stream:
@@ -123,9 +123,9 @@ async def serve(request: Request, gateway: Gateway, spec: RequestSpec, open_stre
     return Response(content=msgspec.json.encode(served.body), media_type="application/json", headers=headers)
 
 
-async def serve_client(client: ClientRequest, gateway: Gateway, spec: RequestSpec, open_stream: OpenServed,
-                       collect: OpenServed) -> tuple[RequestSpec, Served | None, dict[str, str]]:
-    """`serve`'s work: the spec as served (with its routing keys), what was served (None: the
+async def answer_client(client: ClientRequest, gateway: Gateway, spec: RequestSpec, open_stream: OpenAnswer,
+                       collect: OpenAnswer) -> tuple[RequestSpec, Answer | None, dict[str, str]]:
+    """`answer`'s work: the spec as served (with its routing keys), what was served (None: the
     client left) and the response's headers (a stream's included)."""
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served

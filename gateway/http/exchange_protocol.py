@@ -25,7 +25,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
         self.open_exchange = getattr(self.app, "open_exchange", None)
         self.exchange: type[ServerExchange] | None = getattr(self.app, "exchange", None)
         self.chat_path: str | None = getattr(self.app, "path", None) if self.open_exchange and self.exchange else None
-        self.serving: ServerExchange | None = None  # the exchange whose task runs (maybe not `cycle`: pipelining)
+        self.running: ServerExchange | None = None  # the exchange whose task runs (maybe not `cycle`: pipelining)
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -61,7 +61,7 @@ class ExchangeProtocol(HeadWithBodyProtocol):
         if type(cycle) is not self.exchange:
             super()._start_asgi_task(cycle, app)
             return
-        self.serving = cycle
+        self.running = cycle
         run = cycle.run(self.open_exchange)  # type: ignore[arg-type]
         if self.config.reset_contextvars:
             task = self.loop.create_task(run, context=contextvars.Context())
@@ -73,12 +73,12 @@ class ExchangeProtocol(HeadWithBodyProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         # uvicorn tells only the last request read; an exchange answering before a pipelined one is told too
-        serving = self.serving
-        if serving is not None and serving is not self.cycle and not serving.response_complete:
-            serving.disconnected = True
-            serving.message_event.set()
-            if serving.on_disconnect is not None:
-                serving.on_disconnect()
+        running = self.running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+            if running.on_disconnect is not None:
+                running.on_disconnect()
 
 
 def request_target(url: bytes, root_path: str) -> tuple[str, bytes, bytes]:

@@ -8,24 +8,24 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.service.accounting import RequestAccounting
-from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
+from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, answer
 from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
 from gateway.messages_api.translate import count_tokens_request, messages_spec
 from gateway.service.gateway import Gateway
-from gateway.service.attempts import Served, collect_events, open_events, stream_body
+from gateway.service.attempts import Answer, collect_events, open_events, stream_body
 from plugins.contract.protocol import RequestSpec
 
 
-async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+async def open_stream(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Answer:
     opened = await open_events(gateway, spec, accounting=accounting)
-    return Served(body=stream_body(opened, MessageStream(spec)), backend=opened.backend)
+    return Answer(body=stream_body(opened, MessageStream(spec)), backend=opened.backend)
 
 
-async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Served:
+async def collect(gateway: Gateway, spec: RequestSpec, accounting: RequestAccounting | None) -> Answer:
     sink, usage, backend = await collect_events(gateway, spec, MessageSink, accounting=accounting)
-    return Served(body=sink.message(spec, usage), backend=backend)
+    return Answer(body=sink.message(spec, usage), backend=backend)
 
 
 @post("/v1/messages", status_code=200, summary="Create a message (Anthropic Messages API).")
@@ -36,7 +36,7 @@ async def create_message(request: Request, state: State) -> Response:
     check_messages(len(data.messages), gateway.config.server.max_messages)
     spec = messages_spec(data, request_id=request.state.request_id)
     spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
-    return await serve(request, gateway, spec, open_stream, collect)
+    return await answer(request, gateway, spec, open_stream, collect)
 
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Count a message's input tokens (Anthropic Messages API).")

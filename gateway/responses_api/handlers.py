@@ -13,7 +13,7 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.datastructures import State
 
-from gateway.http.common import authorize, decode_body, response_headers, serve
+from gateway.http.common import authorize, decode_body, response_headers, answer
 from gateway.service.admission import cap_max_tokens, check_messages
 from gateway.responses_api import schemas as R
 from gateway.responses_api import respond as service, translate
@@ -79,7 +79,7 @@ async def create_response(request: Request, state: State) -> Response:
     frame = _frame(req, stored, req.tool_choice if req.tool_choice is not None else "auto")
     frame = msgspec.structs.replace(frame, max_output_tokens=spec.sampling.max_tokens)
     turn = service.Turn(frame=frame, conversation=history + turn_messages, store=stored)
-    return await serve(request, gateway, spec, _bound(service.open_stream, responses, turn),
+    return await answer(request, gateway, spec, _bound(service.open_stream, responses, turn),
                        _bound(service.collect, responses, turn))
 
 

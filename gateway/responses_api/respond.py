@@ -18,7 +18,7 @@ from gateway.responses_api.encode import OutputBuilder, usage_body
 from gateway.responses_api.store import ResponseStore, StoredResponse
 from gateway.errors import ErrorBody, ErrorResponse
 from gateway.service.gateway import EventPump, Gateway
-from gateway.service.attempts import Served, collect_events, open_events, stream_body
+from gateway.service.attempts import Answer, collect_events, open_events, stream_body
 from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Event, RequestSpec, Usage
 
@@ -166,17 +166,17 @@ def _registered(state: ResponsesState, turn: Turn) -> InFlight:
 
 
 async def open_stream(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn,
-                      accounting: RequestAccounting | None = None) -> Served:
+                      accounting: RequestAccounting | None = None) -> Answer:
     entry = _registered(state, turn)
     writer = _StreamWriter(state, turn)
     try:
         opened = await open_events(gateway, spec, on_pump=lambda pump: setattr(entry, "pump", pump), accounting=accounting)
     except ResponseCancelled as exc:
-        return Served(body=_cancelled_early(writer, exc), backend="")
+        return Answer(body=_cancelled_early(writer, exc), backend="")
     except BaseException:
         _forget(state, turn)
         raise
-    return Served(body=_until_done(state, turn, stream_body(opened, writer)), backend=opened.backend)
+    return Answer(body=_until_done(state, turn, stream_body(opened, writer)), backend=opened.backend)
 
 
 async def _cancelled_early(writer: _StreamWriter, error: ResponseCancelled) -> Any:
@@ -202,7 +202,7 @@ async def _until_done(state: ResponsesState, turn: Turn, body: Any) -> Any:
 
 
 async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, turn: Turn,
-                  accounting: RequestAccounting | None = None) -> Served:
+                  accounting: RequestAccounting | None = None) -> Answer:
     entry = _registered(state, turn)
     builders: list[OutputBuilder] = []
 
@@ -218,10 +218,10 @@ async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, tu
         builder.close()
         response = turn.response("cancelled", builder, error=R.ResponseError(code="cancelled", message=exc.message))
         await _finish_turn(state, turn, response, builder)
-        return Served(body=response, backend="")
+        return Answer(body=response, backend="")
     except BaseException:
         _forget(state, turn)
         raise
     response = turn.response(_final_status(builder), builder, usage)
     await _finish_turn(state, turn, response, builder)
-    return Served(body=response, backend=backend)
+    return Answer(body=response, backend=backend)

@@ -1,13 +1,13 @@
 """Per-request bookkeeping beyond the metrics: the client key's reservation (settled on the
 real usage) and the request's trace. A request gets a `RequestAccounting` only when one of the
-two is on for it (a key with limits, `[telemetry]`); otherwise the serving path carries None
+two is on for it (a key with limits, `[telemetry]`); otherwise the request path carries None
 and does no work for either.
 
-`gateway.http.common.serve` calls `open_accounting` once per request, before serving, and hands
+`gateway.http.common.answer` calls `open_accounting` once per request, before serving it, and hands
 the result through the front-end's `open_stream` / `collect` to `gateway.service.attempts`, whose
-`Observed` reports each attempt, the events and the end; `finish` is idempotent, so `serve` also
+`Observed` reports each attempt, the events and the end; `finish` is idempotent, so `answer` also
 calls it on any error that escapes before `Observed` took over (a refusal before the first
-attempt, a cancellation). Every wire API served through `serve` is thus limited and traced.
+attempt, a cancellation). Every wire API answered through `answer` is thus limited and traced.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The serving machinery every wire API shares: one client request across its attempts
+"""The service machinery every wire API shares: one client request across its attempts
 (`Observed`: targets, fallback, hooks, in-flight counts, metrics, breakers, the request log),
 waiting for a backend's first events before any byte goes out (`open_events`), a streamed body
 that ends the request exactly once whatever happens (`stream_body`), and running a request to
@@ -36,7 +36,7 @@ from plugins.contract.config_types import Target
 
 
 @dataclass
-class Served:
+class Answer:
     """What the app sends: the body (an SSE byte iterator, or the response object) and the
     backend that served it (`x-switchyard-backend`)."""
 
@@ -264,7 +264,7 @@ async def stream_body(opened: Opened, writer: StreamWriter) -> AsyncIterator[byt
     request recorded exactly once, however the stream ends (completed, failed, client gone).
     A stream that ends by itself is recorded before its end goes out, as a `LastPiece`, which
     also carries the bytes of the stream's last batch when the pump knew it was the last (one
-    client write less). Sent by `http_common.send_sse` from our own server's request cycle
+    client write less). Sent by `gateway.http.common.send_sse` from our own server's request cycle
     (`BODY_WRITER`), a proxied stream's middle batches are written to the client as they
     arrive, without this generator (`StreamFeed.push`, `push_text`): whatever passes its
     pieces on between here and `send_sse` must pass them on unchanged."""

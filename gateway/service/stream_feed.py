@@ -1,4 +1,4 @@
-"""`StreamFeed`: what `serving.stream_body` does with each batch of a streamed body's events —
+"""`StreamFeed`: what `attempts.stream_body` does with each batch of a streamed body's events —
 the usage kept, the token marks, the key's accounting, the wire API's bytes — in the request's
 task, or pushed from the upstream connection's callback straight to the client (`push`,
 `push_text`)."""
