@@ -15,23 +15,22 @@ from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from gateway.embeddings_api import handlers as embeddings_api
+from gateway.chat_api import handlers as chat_api
 from gateway.chat_api import schemas as S
 from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
 from gateway.config import Config
 from gateway.error_handlers import EXCEPTION_HANDLERS, handle_switchyard_error
 from gateway.errors import from_decode_error
 from gateway.ids import request_id_from
-from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, answer
+from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
 from gateway.errors import ShuttingDown
-from gateway.service.admission import cap_max_tokens, check_messages
+from gateway.service.admission import check_messages
 from gateway.openapi import SchemaPlugin
-from gateway.chat_api.encode import collect, open_stream
 from gateway.responses_api import handlers as responses_api
 from gateway.service.gateway import Gateway
-from gateway.chat_api.streamed import RAISE_IN_HANDLER, chat_request_spec
-from gateway.chat_api.translate import check_completion, completion_spec
+from gateway.chat_api.streamed import RAISE_IN_HANDLER
 from plugins.contract.errors import AuthenticationFailed, InvalidRequest
 from plugins.contract.protocol import TokenizeRequest
 
@@ -72,27 +71,6 @@ def _validation_error(request: Request, exc: ValidationException) -> Response:
     else:
         error = InvalidRequest(str(exc.detail))
     return handle_switchyard_error(request, error)
-
-
-@post("/v1/chat/completions", status_code=200, summary="Create a chat completion (OpenAI).")
-async def chat_completions(request: Request, state: State) -> Response:
-    if (error := request.scope.pop(RAISE_IN_HANDLER, None)) is not None:  # type: ignore[misc]
-        raise error  # from `StreamedChatFront`, to be answered as every error is
-    data = await decode_body(request, S.ChatCompletionRequest)
-    gateway = _gateway(state)
-    spec = chat_request_spec(gateway, data, request.state.client_key, request.state.request_id)
-    return await answer(request, gateway, spec, open_stream, collect)
-
-
-@post("/v1/completions", status_code=200, summary="Create a text completion (OpenAI legacy).")
-async def completions(request: Request, state: State) -> Response:
-    data = await decode_body(request, S.CompletionRequest)
-    gateway = _gateway(state)
-    authorize(request, data.model)
-    check_completion(data, max_n=gateway.config.server.max_n)
-    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
-    return await answer(request, gateway, spec, open_stream, collect)
 
 
 @get("/v1/models", summary="List the models this gateway serves.")
@@ -233,7 +211,7 @@ def create_app(config: Config, gateway: Gateway | None = None, *, worker: int | 
         return app_config
 
     return Litestar(
-        route_handlers=[chat_completions, completions, *responses_api.HANDLERS, *messages_api.HANDLERS,
+        route_handlers=[*chat_api.HANDLERS, *responses_api.HANDLERS, *messages_api.HANDLERS,
                         *embeddings_api.HANDLERS, list_models, get_model, tokenize, detokenize,
                         render, health, ready, metrics, keys_usage],
         lifespan=[lifespan, responses_api.lifespan(config.responses)],

@@ -19,7 +19,7 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from gateway.embeddings_api import handlers as E
+from gateway.embeddings_api import schemas as E
 from gateway import messages_api
 from gateway.chat_api import schemas as S
 from gateway.errors import ErrorResponse
