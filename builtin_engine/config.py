@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from builtin_engine.model.loader import ModelConfig
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,24 +66,3 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return 8192 if device_type == "cuda" else 256
-
-
-def resolve_max_model_len(model_config: ModelConfig, config: EngineConfig) -> int:
-    """The configured max_model_len, or the model's, capped by the KV cache and a sliding window.
-    Raises ValueError when a configured value does not fit."""
-    limit = config.num_kv_blocks * config.block_size
-    if model_config.sliding_window is not None:
-        limit = min(limit, model_config.sliding_window)
-    if config.max_model_len is None:
-        return min(model_config.max_position_embeddings, limit)
-    if config.max_model_len > model_config.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
-            f"{model_config.max_position_embeddings}"
-        )
-    if config.max_model_len > limit:
-        raise ValueError(
-            f"max_model_len {config.max_model_len} exceeds what kv_cache_tokens (or the model's sliding "
-            f"window) allows: {limit} tokens"
-        )
-    return config.max_model_len

@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 
 from builtin_engine.scheduling.block_manager import BlockManager
-from builtin_engine.config import EngineConfig, resolve_max_model_len
+from builtin_engine.config import EngineConfig
 from builtin_engine.runner.cpu_threads import call_in_own_thread
 from builtin_engine.runner.decode_graph import make_decode_graph
 from builtin_engine.runner.device import Placement, resolve_placement
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.model.llama import KVCache, LlamaModel
-from builtin_engine.model.loader import load_weights, read_model_config
+from builtin_engine.model.loader import ModelConfig, load_weights, read_model_config
 from builtin_engine.runner.model_runner import ModelRunner
 from builtin_engine.output_processor import ChoiceState, Detokenizer
 from builtin_engine.outputs import ChoiceOutput, RequestOutput
@@ -472,3 +472,24 @@ def _step_stats(out: SchedulerOutput, num_sampled: int) -> StepStats:
     return StepStats(num_decode_seqs=num_decode, num_prefill_seqs=len(out.chunks) - num_decode,
                      num_prefill_tokens=out.num_tokens - num_decode, num_preempted=len(out.preempted),
                      num_sampled=num_sampled)
+
+
+def resolve_max_model_len(model_config: ModelConfig, config: EngineConfig) -> int:
+    """The configured max_model_len, or the model's, capped by the KV cache and a sliding window.
+    Raises ValueError when a configured value does not fit."""
+    limit = config.num_kv_blocks * config.block_size
+    if model_config.sliding_window is not None:
+        limit = min(limit, model_config.sliding_window)
+    if config.max_model_len is None:
+        return min(model_config.max_position_embeddings, limit)
+    if config.max_model_len > model_config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
+            f"{model_config.max_position_embeddings}"
+        )
+    if config.max_model_len > limit:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds what kv_cache_tokens (or the model's sliding "
+            f"window) allows: {limit} tokens"
+        )
+    return config.max_model_len
