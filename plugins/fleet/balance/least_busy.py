@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from plugins.fleet.balance.base import C, Choice
 from plugins.contract.protocol import RequestSpec
+from plugins.fleet.balance.base import C, Choice
 
 
 class LeastBusy:
