@@ -20,7 +20,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "vllm": "plugins.proxy.vllm",
     "llamacpp": "plugins.proxy.llamacpp",
     "openai_compatible": "plugins.proxy.openai_compatible",
-    "routing": "plugins.routing.strategies",
+    "routing": "plugins.routing.hooks",
 }
 
 ENTRY_POINT_GROUP = "switchyard"

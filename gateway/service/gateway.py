@@ -33,7 +33,7 @@ from gateway.observability.request_log import Attempt, RequestLog, RequestRecord
 from gateway.service.request_timer import RequestTimer
 from gateway.service.route_plan import RoutePlan, validate_routes
 from gateway.observability.telemetry import Telemetry, build_telemetry
-from plugins.routing import strategies as routing
+from plugins.routing.sticky import API_KEY_HASH_HEADER
 from plugins.contract.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
 from plugins.transport.health import HealthMonitor
 from plugins.manager import backend_types, build_plugin_manager, call_first
@@ -234,7 +234,7 @@ class Gateway:
             scheme, _, token = authorization_of(headers).partition(" ")
             token = token.strip()
             if scheme.lower() == "bearer" and token:
-                copied[routing.API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()
+                copied[API_KEY_HASH_HEADER] = hashlib.sha256(token.encode()).hexdigest()
         return msgspec.structs.replace(spec, headers=copied) if copied else spec
 
     def pick(self, spec: RequestSpec, plan: RoutePlan, tried: list[Target] | None = None) -> Resolved | None:

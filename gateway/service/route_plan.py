@@ -10,7 +10,9 @@ import pluggy
 
 from gateway.config import Config, ShadowConfig
 from gateway.service.admission import RouteLimits
-from plugins.routing import strategies as routing
+from plugins.routing import STRATEGIES, check_options
+from plugins.routing import hooks as routing_hooks
+from plugins.routing.sticky import sticky_sources
 from plugins.contract.errors import ConfigError
 from plugins.contract.config_types import Route, Target
 
@@ -38,7 +40,7 @@ class RoutePlan:
         headers: tuple[str, ...] = ()
         api_key = False
         if route.strategy == "sticky":
-            sources = routing.sticky_sources(route)
+            sources = sticky_sources(route)
             headers = tuple(s[len("header:") :].lower() for s in sources if s.startswith("header:"))
             api_key = "api_key" in sources
         if max_attempts is None:
@@ -61,15 +63,15 @@ class RoutePlan:
 def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
     """Every route names a strategy some plugin provides; the built-in strategies' options decode."""
     strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
-    builtin_routing = pm.get_plugin("routing") is routing
+    builtin_routing = pm.get_plugin("routing") is routing_hooks
     for i, (route, resolved) in enumerate(zip(config.routes, config.routes_resolved())):
         if route.strategy not in strategies:
             raise ConfigError(
                 f"{config.source}: unknown routing strategy {route.strategy!r} at `routes[{i}].strategy` "
                 f"(known: {', '.join(sorted(strategies))})"
             )
-        if builtin_routing and route.strategy in routing.STRATEGY_OPTIONS:
+        if builtin_routing and route.strategy in STRATEGIES:
             try:
-                routing.check_options(resolved, f"routes[{i}]")
+                check_options(resolved, f"routes[{i}]")
             except ConfigError as exc:
                 raise ConfigError(f"{config.source}: {exc.message}", param=exc.param) from None

@@ -137,6 +137,8 @@ def test_round_robin_least_busy_least_load() -> None:
     candidates = fleet(3)
     rr = make_balancer("round_robin")
     assert [rr.choose(chat("x"), candidates).candidate.name for _ in range(6)] == ["r0", "r1", "r2"] * 2
+    busy = make_balancer("least_busy")
+    assert [busy.choose(chat("x"), candidates).candidate.name for _ in range(6)] == ["r0", "r1", "r2"] * 2  # ties go round
     candidates[0].in_flight, candidates[1].in_flight, candidates[2].in_flight = 3, 1, 2
     assert make_balancer("least_busy").choose(chat("x"), candidates).candidate.name == "r1"
     candidates[0].busy, candidates[1].busy, candidates[2].busy = 0.0, 5.0, 5.0

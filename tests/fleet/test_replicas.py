@@ -206,7 +206,7 @@ def test_a_b_between_fleets_stays_exact(echo_upstreams: list[str], tmp_path: Pat
     """A sticky 70/30 route whose two targets are fleets: every user lands on the target the
     route's hash gives it, whichever replica serves inside."""
     from plugins.contract.config_types import Target
-    from plugins.routing.strategies import pick_rendezvous
+    from plugins.routing.sticky import pick_rendezvous
 
     fleets = {"blue": echo_upstreams[:2], "green": echo_upstreams[2:]}
     config = '[plugins]\ndisable = ["builtin"]\n\n'

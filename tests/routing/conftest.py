@@ -71,12 +71,17 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# The seed of `random` for weighted splits the tests check: in process (`seeded_random`) and in
+# a server's process (the echo backend's `seed_random` option).
+SEED = 20240607
+
+
 @pytest.fixture
 def seeded_random() -> Iterator[None]:
     import random
 
     state = random.getstate()
-    random.seed(20240607)
+    random.seed(SEED)
     try:
         yield
     finally:

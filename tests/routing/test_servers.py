@@ -11,29 +11,44 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
 
 from gateway.cli.main import main
+from plugins.contract.config_types import Target
+from plugins.routing.weighted import pick_weighted
 from tests.gateway.helpers import chat_body, data_events
-from tests.routing.conftest import backend, config_text, route
+from tests.routing.conftest import SEED, backend, config_text, route
 from tests.support.probes import metric, wait_until
 from tests.support.server import echo_config, running_server
 
-ARMS = backend("a", answer_prefix="A") + backend("b", answer_prefix="B")
-REPLICA_CONFIG = config_text(
-    ARMS,
-    route("ab", [("a", 70), ("b", 30)]),
-    route("st", [("a", 1), ("b", 1)], strategy="sticky", options={"key": ["user", "header:x-session-id"]}),
-)
+# `a` seeds the server's `random` at start-up: the weighted route's 300 picks are the same draws on every run
+ARMS = backend("a", answer_prefix="A", seed_random=SEED) + backend("b", answer_prefix="B")
+WEIGHTED_TARGETS = [Target(backend="a", model="echo-1", weight=70), Target(backend="b", model="echo-1", weight=30)]
+
+
+class Replica(NamedTuple):
+    base: str
+    dir: Path  # its plugins.toml, its server log, its request log
+
+
+def replica_config(request_log: Path) -> str:
+    return config_text(
+        ARMS,
+        route("ab", [(t.backend, t.weight) for t in WEIGHTED_TARGETS]),
+        route("st", [("a", 1), ("b", 1)], strategy="sticky", options={"key": ["user", "header:x-session-id"]}),
+        server={"request_log": str(request_log)},
+    )
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Replica, Replica]]:
     with ExitStack() as stack:
-        bases = [stack.enter_context(running_server(REPLICA_CONFIG, tmp_path_factory.mktemp(f"replica{i}"))) for i in range(2)]
-        yield bases[0], bases[1]
+        dirs = [tmp_path_factory.mktemp(f"replica{i}") for i in range(2)]
+        bases = [stack.enter_context(running_server(replica_config(d / "requests.jsonl"), d)) for d in dirs]
+        yield Replica(bases[0], dirs[0]), Replica(bases[1], dirs[1])
 
 
 def _post_all(base: str, bodies: list[dict], headers: list[dict] | None = None) -> list[httpx.Response]:
@@ -42,32 +57,51 @@ def _post_all(base: str, bodies: list[dict], headers: list[dict] | None = None) 
         return list(pool.map(lambda bh: http.post("/v1/chat/completions", json=bh[0], headers=bh[1]), zip(bodies, hs)))
 
 
-def test_weighted_route_end_to_end_header_names_the_arm(replicas: tuple[str, str]) -> None:
-    responses = _post_all(replicas[0], [chat_body("hello", model="ab") for _ in range(300)])
+def _lines(log: Path) -> list[dict]:
+    """The request log's lines written so far (a line still being written is left for later)."""
+    text = log.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+
+
+def test_weighted_route_end_to_end_header_names_the_arm(replicas: tuple[Replica, Replica], seeded_random: None) -> None:
+    replica = replicas[0]
+    responses = _post_all(replica.base, [chat_body("hello", model="ab") for _ in range(300)])
     served = collections.Counter()
+    arm_of = {}
     for resp in responses:
         assert resp.status_code == 200, resp.text
         arm = resp.headers["x-switchyard-backend"]
         assert resp.json()["choices"][0]["message"]["content"] == ("A hello" if arm == "a" else "B hello")
         served[arm] += 1
+        arm_of[resp.headers["x-request-id"]] = arm
+    # why each request went where it went: one attempt, on the arm the header names (no retry, no fallback) ...
+    log = replica.dir / "requests.jsonl"
+    _wait_for(lambda: log.exists() and sum(r["route"] == "ab" for r in _lines(log)) == 300)
+    for record in (r for r in _lines(log) if r["route"] == "ab"):
+        assert record["attempts"] == [{"backend": arm_of[record["request_id"]], "outcome": "ok"}], record
+    # ... and both arms were candidates for every pick: no breaker opened, no probe failed
+    server_log = next(replica.dir.glob("server-*.log")).read_text().splitlines()
+    assert not [line for line in server_log if "circuit" in line or "probe failed" in line]
+    # so the split is exactly the seeded draws over both arms — the same on every run, however loaded the machine
+    assert served == collections.Counter(pick_weighted(WEIGHTED_TARGETS).backend for _ in range(300))
     assert abs(served["a"] / 300 - 0.70) <= 0.09, served  # > 3 sigma; the exact split is tested in process
-    with httpx.Client(base_url=replicas[0]) as http:
+    with httpx.Client(base_url=replica.base) as http:
         assert {m["id"] for m in http.get("/v1/models").json()["data"]} >= {"ab", "st"}
 
 
-def test_two_replicas_assign_every_sticky_key_identically(replicas: tuple[str, str]) -> None:
+def test_two_replicas_assign_every_sticky_key_identically(replicas: tuple[Replica, Replica]) -> None:
     users = [f"user-{i}" for i in range(120)]
     by_user = [chat_body("hi", model="st", user=u) for u in users]
     by_session = [chat_body("hi", model="st") for _ in range(60)]
     sessions = [{"x-session-id": f"session-{i}"} for i in range(60)]
     arms = []
-    for base in replicas:
-        got = [r.headers["x-switchyard-backend"] for r in _post_all(base, by_user + by_session, [{}] * len(by_user) + sessions)]
+    for replica in replicas:
+        got = [r.headers["x-switchyard-backend"] for r in _post_all(replica.base, by_user + by_session, [{}] * len(by_user) + sessions)]
         arms.append(got)
     assert arms[0] == arms[1]
     assert set(arms[0][:120]) == {"a", "b"} and set(arms[0][120:]) == {"a", "b"}
     # and a key keeps its arm, request after request
-    again = [r.headers["x-switchyard-backend"] for r in _post_all(replicas[1], by_user[:30])]
+    again = [r.headers["x-switchyard-backend"] for r in _post_all(replicas[1].base, by_user[:30])]
     assert again == arms[0][:30]
 
 

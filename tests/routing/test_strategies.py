@@ -10,8 +10,9 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.chat_api.encode import collect
-from plugins.contract.config_types import Target
-from plugins.routing.strategies import API_KEY_HASH_HEADER, pick_least_busy, pick_rendezvous, sticky_key
+from plugins.contract.config_types import Route, Target
+from plugins.routing import STRATEGIES
+from plugins.routing.sticky import API_KEY_HASH_HEADER, pick_rendezvous, sticky_key
 from tests.routing.conftest import backend, config_text, route, running_gateway, spec
 
 pytestmark = pytest.mark.anyio
@@ -81,11 +82,16 @@ def test_sticky_weight_change_moves_only_its_share() -> None:
 
 def test_least_busy_picks_the_fewest_in_flight_per_weight() -> None:
     a, b = Target(backend="a", model="m"), Target(backend="b", model="m", weight=2)
-    assert pick_least_busy([a, b], {"a": 3, "b": 1}) == b
-    assert pick_least_busy([a, b], {"a": 1, "b": 3}) == a
-    assert pick_least_busy([a, b], {"a": 2, "b": 5}) == a  # 2/1 < 5/2
-    seen = {pick_least_busy([a, b], {"a": 0, "b": 0}).backend for _ in range(200)}
-    assert seen == {"a", "b"}, "ties are split, not always the first target"
+    route = Route(name="lb", targets=(a, b), strategy="least_busy")
+
+    def pick_least_busy(in_flight: dict[str, int]) -> Target:
+        return STRATEGIES["least_busy"].pick(spec("lb"), route, [a, b], in_flight, {})
+
+    assert pick_least_busy({"a": 3, "b": 1}) == b
+    assert pick_least_busy({"a": 1, "b": 3}) == a
+    assert pick_least_busy({"a": 2, "b": 5}) == a  # 2/1 < 5/2
+    idle = collections.Counter(pick_least_busy({"a": 0, "b": 0}).backend for _ in range(300))
+    assert idle == {"a": 100, "b": 200}, "ties are split by weight, not always the first target"
 
 
 async def test_least_busy_follows_the_gateways_in_flight_counts() -> None:

@@ -4,12 +4,14 @@ It "generates" by echoing the last message's words back, one word per token, so 
 predict the exact text, token counts and finish reasons. Magic prompts make it fail on purpose:
 `FAIL:<kind>` before the first token, `FAILMID:<n>` after n tokens. The options `fail` and
 `fail_after` do the same for every request, and `answer_prefix` puts a word before every answer,
-so routing tests can tell the backends of a route apart.
+so routing tests can tell the backends of a route apart; `seed_random` seeds the server process's
+`random` at start-up, so a weighted route's split through a real server is the same on every run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -48,6 +50,9 @@ class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fail: str | None = None  # every request fails before its first token, as with `FAIL:<kind>`
     fail_after: int | None = None  # every request fails after this many tokens, as with `FAILMID:<n>`
     reasoning_parser: str = "none"  # "deepseek_r1": `<think> ... </think>` words become reasoning
+    # seeds the serving process's `random` when the backend starts: a `weighted` route's picks
+    # through a real server are then the same on every run
+    seed_random: int | None = None
 
 
 def prompt_words(spec: RequestSpec | TokenizeRequest) -> list[str]:
@@ -91,6 +96,8 @@ class EchoBackend:
 
     async def start(self) -> None:
         self.started = True
+        if self.options.seed_random is not None:
+            random.seed(self.options.seed_random)
 
     async def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=m, max_model_len=self.options.max_model_len, owned_by=self.name) for m in self.options.models]
