@@ -116,7 +116,7 @@ class LlamaCppBackend(ProxyBackend):
         server = await asyncio.to_thread(
             start_llamacpp, model=Path(cfg.model) if cfg.model else None, alias=cfg.alias, host=cfg.host,
             port=cfg.port, ctx_size=cfg.ctx_size, parallel=cfg.parallel, threads=cfg.threads,
-            api_key=self._api_key(), extra=cfg.extra_args, binary=Path(cfg.binary) if cfg.binary else None,
+            api_key=self.upstream.api_key(), extra=cfg.extra_args, binary=Path(cfg.binary) if cfg.binary else None,
             log_dir=Path(cfg.log_dir) if cfg.log_dir else None, timeout=cfg.start_timeout_s,
             embeddings=self.options.embeddings,
         )
@@ -126,11 +126,11 @@ class LlamaCppBackend(ProxyBackend):
     # -- catalogue -----------------------------------------------------------------------------
 
     async def discover_models(self) -> dict[str, int | None]:
-        listing = await self._get_json("/v1/models")
+        listing = await self.upstream.get_json("/v1/models")
         names = [c["id"] for c in listing.get("data") or () if isinstance(c, dict) and isinstance(c.get("id"), str)]
         n_ctx: int | None = None
         try:
-            props = await self._get_json("/props")
+            props = await self.upstream.get_json("/props")
             value = (props.get("default_generation_settings") or {}).get("n_ctx")
             n_ctx = value if isinstance(value, int) and value > 0 else None
         except Exception:  # noqa: BLE001 - /props is optional; the catalogue still works without it
@@ -223,12 +223,12 @@ class LlamaCppBackend(ProxyBackend):
             body["chat_template_kwargs"] = chat_template_kwargs
         if tools:
             body["tools"] = tools
-        out = await self._request_json("POST", "/apply-template", body)
+        out = await self.upstream.request_json("POST", "/apply-template", body)
         return out.get("prompt", "") if isinstance(out, dict) else ""
 
     async def _tokenize_text(self, text: str, *, add_special: bool, with_pieces: bool) -> tuple[list[int], list[str] | None]:
-        out = await self._request_json("POST", "/tokenize", {"content": text, "add_special": add_special,
-                                                             "parse_special": True, "with_pieces": with_pieces})
+        out = await self.upstream.request_json("POST", "/tokenize", {"content": text, "add_special": add_special,
+                                                                     "parse_special": True, "with_pieces": with_pieces})
         raw = out.get("tokens") if isinstance(out, dict) else None
         tokens: list[int] = []
         pieces: list[str] | None = [] if with_pieces else None
@@ -254,7 +254,7 @@ class LlamaCppBackend(ProxyBackend):
         return TokenizeResult(tokens=tokens, max_model_len=self._max_model_len, token_strs=pieces)
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
-        out = await self._request_json("POST", "/detokenize", {"tokens": tokens})
+        out = await self.upstream.request_json("POST", "/detokenize", {"tokens": tokens})
         return out.get("content", "") if isinstance(out, dict) else ""
 
     async def render(self, upstream_model: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
