@@ -22,7 +22,8 @@ It is also an ordinary async iterator of events (`async for`, `aclose()`), for e
 consumer. Like the async generator it replaces: a failure before the first event is raised
 before any event; events parsed before a malformed one still come out, then the error; any
 exception (a cancellation too) ends it and closes the upstream response, which cancels the
-request upstream.
+request upstream. Its `served_by` names the replica the request went to, the attempt's outcome
+the gateway logs and traces (`plugins.contract.protocol.ReportsServedBy`).
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ class UpstreamEvents:
     def ended(self) -> bool:
         """The last batch (with the usage) is out and no error waits: `next_batch()` returns None."""
         return self._ended and self._pending is None
+
+    @property
+    def served_by(self) -> str | None:
+        """The replica (its base URL) the request went to; after a failure before the first
+        byte, the one tried last; None while none was tried."""
+        return self._tried[-1].url if self._tried else None
 
     async def _start(self) -> list[Event] | None:
         """Send the request; for an answer that is not SSE (one JSON object), all its events."""

@@ -139,13 +139,12 @@ class Upstream:
         """POST to the replica the fleet picks and wait for a 200 response head; the replica,
         the response and the first-byte deadline. A failure there that another replica may not
         share (unreachable, 5xx, 429, no answer in time) is tried on the next replica, up to
-        `replica_attempts`. Each replica is appended to `tried` as it is tried. Sets
-        `spec.replica`. The response counts as open until `release`."""
+        `replica_attempts`. Each replica is appended to `tried` as it is tried, so the caller
+        knows which one served, or failed last. The response counts as open until `release`."""
         loop = asyncio.get_running_loop()
         while True:
             replica = self.fleet.choose(spec, tried)
             tried.append(replica)
-            spec.replica = replica.url
             deadline = loop.time() + self.timeouts.first_byte_s
             try:
                 response = await self._send(replica, path, content, headers, deadline)
