@@ -42,6 +42,7 @@ from plugins.contract.protocol import (
     ReasoningDelta,
     Rendered,
     ReportsInFlight,
+    ReportsServedBy,
     RequestSpec,
     SamplingParams,
     TextDelta,
@@ -54,7 +55,7 @@ from plugins.contract.protocol import (
 )
 from plugins.contract.config_types import BackendType, Route, Target
 
-PLUGIN_API_VERSION = (1, 0)
+PLUGIN_API_VERSION = (1, 1)  # 1.1: `ReportsServedBy` (and `RequestSpec.replica` gone)
 
 
 def model_dir(name_or_path: str) -> Path:
@@ -74,7 +75,7 @@ __all__ = [
     "EXTENSIONS", "PLUGIN_API_VERSION", "AuthenticationFailed", "Backend", "BackendType", "Capabilities",
     "ConfigError", "EmbedRequest", "EmbedResult", "EmbeddingBackend", "ContextLengthExceeded", "Event", "Finish",
     "FinishReason", "InvalidRequest", "ModelInfo", "ModelNotFound", "NotFound", "Overloaded", "PermissionDenied",
-    "ReasoningDelta", "Rendered", "ReportsInFlight", "RequestSpec", "RequestTooLarge", "Route", "SamplingParams",
-    "SwitchyardError", "Target", "TextDelta", "TokenLogprob", "TokenizeRequest", "TokenizeResult", "ToolCallDelta",
-    "TopLogprob", "UpstreamError", "Usage", "hookimpl", "model_dir",
+    "ReasoningDelta", "Rendered", "ReportsInFlight", "ReportsServedBy", "RequestSpec", "RequestTooLarge", "Route",
+    "SamplingParams", "SwitchyardError", "Target", "TextDelta", "TokenLogprob", "TokenizeRequest", "TokenizeResult",
+    "ToolCallDelta", "TopLogprob", "UpstreamError", "Usage", "hookimpl", "model_dir",
 ]

@@ -60,7 +60,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     cached_tokens: int | None
     attempts: list[Attempt]
     prompt: Any = None  # messages or prompt, only with log_prompts
-    replica: str | None = None  # the replica of a fleet backend that served (RequestSpec.replica)
+    replica: str | None = None  # the replica of a fleet backend that served (its events' `served_by`)
 
 
 class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):

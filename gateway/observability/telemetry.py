@@ -138,7 +138,7 @@ class RequestTrace:
         return carrier
 
     def end_attempt(self, error_type: str | None, replica: str | None = None) -> None:
-        """`replica`: the base URL a fleet backend sent the attempt to (`RequestSpec.replica`)."""
+        """`replica`: the base URL a fleet backend sent the attempt to (its events' `served_by`)."""
         if self.attempt is None:
             return
         if replica is not None:

@@ -57,11 +57,11 @@ class RequestAccounting:
         carrier = self.trace.start_attempt(resolved.backend.name, spec.upstream_model, getattr(resolved.backend, "base_url", None))
         return _with_headers(spec, carrier)
 
-    def on_attempt_failed(self, error: BaseException, spec: RequestSpec) -> None:
-        """The attempt (`spec`, as its backend got it) failed before its first token and the
-        request moves on to another target."""
+    def on_attempt_failed(self, error: BaseException, replica: str | None) -> None:
+        """The attempt failed before its first token (on `replica`, when its backend has
+        replicas) and the request moves on to another target."""
         if self.trace is not None:
-            self.trace.end_attempt(error_label(error), spec.replica)
+            self.trace.end_attempt(error_label(error), replica)
 
     def on_events(self, batch: list[Event]) -> None:
         for event in batch:
@@ -84,10 +84,12 @@ class RequestAccounting:
         usage: Usage | None = None,
         resolved: Resolved | None = None,
         spec: RequestSpec | None = None,
+        replica: str | None = None,
         timings: Mapping[str, Any] | None = None,
     ) -> None:
         """The request is over (served, failed or cancelled): settle the key's reservation and
-        end the spans. Only the first call counts."""
+        end the spans; `replica`: the one that served (or was tried last), when the backend has
+        replicas. Only the first call counts."""
         if self.done:
             return
         self.done = True
@@ -95,7 +97,7 @@ class RequestAccounting:
         if self.trace is not None:
             self.trace.finish(
                 backend=resolved.backend.name if resolved is not None else None,
-                replica=spec.replica if spec is not None else None,
+                replica=replica,
                 response_model=spec.upstream_model if spec is not None else None,
                 usage=usage,
                 ttft_s=timings.get("ttft") if timings else None,

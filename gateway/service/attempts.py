@@ -55,6 +55,7 @@ class Observed:
     timer: RequestTimer = field(default_factory=RequestTimer)
     resolved: Resolved | None = None
     attempt_spec: RequestSpec | None = None
+    served_by: str | None = None  # the replica the current attempt went to, as its backend said
     usage: Usage | None = None
     tried: list[Target] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
@@ -92,7 +93,7 @@ class Observed:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
                 fork_shadow(gateway, self.spec, plan)  # once per request, once it is known to be servable
-            self.resolved, self.attempt_spec = resolved, spec
+            self.resolved, self.attempt_spec, self.served_by = resolved, spec, None
             backend = resolved.backend.name
             self._arm = gateway.metrics.arm(plan.route.name, backend)
             gateway.in_flight[backend] = gateway.in_flight.get(backend, 0) + 1
@@ -125,6 +126,7 @@ class Observed:
 
     async def close_pump(self, pump: EventPump) -> None:
         self.gateway.untrack(pump)
+        self.served_by = pump.served_by
         if pump.exhausted:  # ran to its end: nothing is left to abort, closing it does not wait
             await pump.close()
             return
@@ -147,7 +149,7 @@ class Observed:
         assert self.resolved is not None
         self._leave()
         if self.accounting is not None:
-            self.accounting.on_attempt_failed(error, self.attempt_spec)  # type: ignore[arg-type]
+            self.accounting.on_attempt_failed(error, self.served_by)
         outcome = self.gateway.record_failed_attempt(self.plan, self.resolved.target, error)
         self.attempts.append(Attempt(backend=self.resolved.backend.name, outcome=outcome))
         self.last_error = error
@@ -193,11 +195,13 @@ class Observed:
             usage=self.usage,
             error=error,
             attempts=self.attempts,
+            replica=self.served_by,
         )
         if (on_response := self.gateway.pm.hook.switchyard_on_response).get_hookimpls():
             on_response(spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings)
         if self.accounting is not None:
-            self.accounting.finish(error, usage=self.usage, resolved=resolved, spec=spec, timings=timings)
+            self.accounting.finish(error, usage=self.usage, resolved=resolved, spec=spec, replica=self.served_by,
+                                   timings=timings)
 
 
 

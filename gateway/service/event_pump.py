@@ -77,6 +77,12 @@ class EventPump:
             return self._done or getattr(self._events, "ended", False)
         return self._done and not self._buffer
 
+    @property
+    def served_by(self) -> str | None:
+        """The replica that served, as the backend's iterator says (`ReportsServedBy`); None
+        for a backend without replicas."""
+        return getattr(self._events, "served_by", None)
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():

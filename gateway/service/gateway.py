@@ -283,9 +283,11 @@ class Gateway:
         error: BaseException | None,
         attempts: list[Attempt],
         shadow: bool = False,
+        replica: str | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Metrics, the backend's breaker and the request log for one finished request (or
-        shadow copy). Returns the outcome and the timings (for the `on_response` hook)."""
+        shadow copy); `replica`: the one that served (or was tried last), when the backend has
+        replicas. Returns the outcome and the timings (for the `on_response` hook)."""
         outcome = outcome_of(error)
         arm.finished(outcome)
         timings = timer.as_dict()
@@ -328,7 +330,7 @@ class Gateway:
                     cached_tokens=None if usage is None else usage.cached_tokens,
                     attempts=attempts,
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
-                    replica=spec.replica,
+                    replica=replica,
                 )
             )
         return outcome, timings

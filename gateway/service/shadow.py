@@ -83,6 +83,7 @@ async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Tar
             pass
         arm = gateway.metrics.arm(plan.route.name, target.backend, shadow=True)
         attempts = [Attempt(backend=target.backend, outcome="ok" if error is None else error_label(error))]
-        gateway.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True)
+        gateway.record(plan=plan, target=target, spec=spec, arm=arm, timer=timer, usage=usage, error=error, attempts=attempts, shadow=True,
+                       replica=getattr(events, "served_by", None))
     if isinstance(error, asyncio.CancelledError):
         raise error

@@ -15,6 +15,11 @@ A failure is raised as a `plugins.contract.errors.SwitchyardError` from the iter
 first event. Closing the iterator (`aclose()`) cancels the request: a backend frees what the
 request held (sequences, KV blocks, the upstream connection) in its `finally`, and a backend
 with an `in_flight()` method (`ReportsInFlight`) counts it no longer.
+
+Which replica served is the attempt's outcome, not part of the request: a backend that serves
+from several replicas returns an iterator with a `served_by` attribute (`ReportsServedBy`),
+which the gateway reads for the request log and the trace. Nothing writes into the
+`RequestSpec` a backend is given.
 """
 
 from __future__ import annotations
@@ -108,9 +113,6 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     user: str | None = None
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
-    # set by a backend that serves from several replicas: the one this attempt went to (its base
-    # URL), for the request log and metrics; None for a backend of one server or process
-    replica: str | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
@@ -264,7 +266,9 @@ class Backend(Protocol):
 
     async def models(self) -> list[ModelInfo]: ...
 
-    def generate(self, spec: RequestSpec) -> AsyncIterator[Event]: ...
+    def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        """The request's events (the grammar at the top of this module); a backend with
+        replicas says on the iterator which one served (`ReportsServedBy`)."""
 
     async def health(self) -> bool: ...
 
@@ -295,6 +299,19 @@ class ReportsInFlight(Protocol):
     event loop); the conformance battery's cancellation check reads it."""
 
     def in_flight(self) -> int: ...
+
+
+@runtime_checkable
+class ReportsServedBy(Protocol):
+    """Optional for the iterator `generate()` returns: `served_by` is the replica the attempt
+    went to (its base URL) once the backend has picked it — after a failure before the first
+    event, the replica tried last — and stays readable after the iterator ended or was closed.
+    None while no replica was picked. A backend of one server or process has no replicas and
+    leaves the attribute out (the gateway reads it as None); a wrapper around a backend's
+    iterator (e.g. `plugins.parsers.reasoning.split_reasoning`) passes it on."""
+
+    @property
+    def served_by(self) -> str | None: ...
 
 
 @runtime_checkable

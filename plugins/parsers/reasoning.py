@@ -156,11 +156,38 @@ def _pieces(index: int, reasoning: str, answer: str, token_ids: tuple[int, ...],
     return out
 
 
-async def split_reasoning(events: AsyncIterator[Event], splitter: ReasoningSplitter) -> AsyncIterator[Event]:
+def split_reasoning(events: AsyncIterator[Event], splitter: ReasoningSplitter) -> SplitEvents:
     """`events` through `splitter`; closing this closes `events` (which cancels the request)."""
-    try:
-        async for event in events:
-            for piece in splitter.feed(event):
-                yield piece
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+    return SplitEvents(events, splitter)
+
+
+class SplitEvents:
+    """A backend's events through a `ReasoningSplitter`. Its end, a failure or `aclose()`
+    closes the backend's iterator; `served_by` is that iterator's
+    (`plugins.contract.protocol.ReportsServedBy`), None when it has none."""
+
+    __slots__ = ("_events", "_splitter", "_ready")
+
+    def __init__(self, events: AsyncIterator[Event], splitter: ReasoningSplitter) -> None:
+        self._events = events
+        self._splitter = splitter
+        self._ready: list[Event] = []  # split from the last event, not handed out yet
+
+    @property
+    def served_by(self) -> str | None:
+        return getattr(self._events, "served_by", None)
+
+    def __aiter__(self) -> SplitEvents:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._ready:
+            try:
+                self._ready = self._splitter.feed(await anext(self._events))
+            except BaseException:  # its end (StopAsyncIteration), a failure, a cancellation
+                await self.aclose()
+                raise
+        return self._ready.pop(0)
+
+    async def aclose(self) -> None:
+        await self._events.aclose()  # type: ignore[attr-defined]

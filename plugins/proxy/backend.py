@@ -1,11 +1,12 @@
 """The shared core of every proxy backend (vLLM, llama.cpp, any OpenAI-compatible server).
 
-One `plugins.transport.http1.Pool` per backend (keep-alive connections), three separate timeouts
-(connect; first byte: from sending the request until the first body bytes; idle: between two
-body pieces), the incremental SSE parser (`plugins.transport.sse`); the mapping of upstream chunks
-to `plugins.contract.protocol` events is `plugins.proxy.normalize`, and of upstream error bodies to
-`plugins.contract.errors` `plugins.proxy.errors`. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass `ProxyBackend`
-and override only what differs: the request body (`translate_*`), the catalogue, tokenization.
+The hop to the servers (replicas, connection pools, the three timeouts) is `plugins.proxy.upstream`;
+a streamed answer read into events is `plugins.proxy.stream` (the incremental SSE parser,
+`plugins.transport.sse`, and the mapping of upstream chunks to `plugins.contract.protocol` events,
+`plugins.proxy.normalize`); upstream error bodies become `plugins.contract.errors` in
+`plugins.proxy.errors`. The `vllm`, `llamacpp` and `openai_compatible` plugins subclass
+`ProxyBackend` and override only what differs: the request body (`translate_*`), the catalogue,
+tokenization.
 
 Design points:
 - Upstream requests always stream (`stream: true`, `stream_options.include_usage: true`) —
@@ -24,7 +25,7 @@ Design points:
 - Every sampling value is sent explicitly (the gateway fills OpenAI defaults into
   `RequestSpec.sampling`), so a server's own defaults (llama.cpp: temperature 0.8, top_k 40,
   top_p 0.95, min_p 0.05; vLLM: the model's generation_config) never apply.
-- `api_key` goes only into this backend's client (`Authorization: Bearer`), is never logged,
+- `api_key` goes only into this backend's upstream (`Authorization: Bearer`), is never logged,
   and is redacted from the options' repr; redirects are not followed.
 """
 
@@ -32,16 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
-import msgspec
-
 from plugins.transport import http1
-from plugins.contract.errors import ConfigError, InvalidRequest, SwitchyardError, UpstreamError
+from plugins.contract.errors import InvalidRequest, SwitchyardError
 from plugins.fleet.fleet import Fleet
-from plugins.fleet.replica import Replica, ReplicaStats
+from plugins.fleet.replica import ReplicaStats
 from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
@@ -56,16 +54,10 @@ from plugins.contract.protocol import (
 from plugins.proxy.embeddings import embed_upstream
 from plugins.proxy.options import ProxyOptions
 from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
-from plugins.proxy.stream import BodyPieces, UpstreamEvents
-from plugins.proxy.errors import error_from_body
+from plugins.proxy.stream import UpstreamEvents
+from plugins.proxy.upstream import Upstream, upstream_ids
 
 log = logging.getLogger("switchyard.proxy")
-
-MAX_ERROR_BODY = 1 << 20  # bytes of an upstream error body read before giving up on the rest
-TRACE_HEADERS = ("traceparent", "tracestate")  # sent on to the upstream when spec.headers has them
-
-_json_decode = msgspec.json.Decoder().decode
-_json_encode = msgspec.json.Encoder().encode
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -94,9 +86,7 @@ class ProxyBackend:
         self.healthy: bool | None = None  # last probe's answer (None: not probed yet)
         self.launched: Any = None  # an engines.launch.ServerProcess when this backend started its server
         self._launched_url: str | None = None
-        self.fleet = Fleet.from_options(name, options, make_pool=self._make_pool, load_sources=self.load_sources,
-                                        health_path=self.health_path)
-        self._open_streams = 0  # upstream responses generate() holds open
+        self.upstream = Upstream(name, options, load_sources=self.load_sources, health_path=self.health_path)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -105,30 +95,15 @@ class ProxyBackend:
         return (self._launched_url or self.options.base_url).rstrip("/")
 
     @property
+    def fleet(self) -> Fleet:
+        """The upstream's replicas."""
+        return self.upstream.fleet
+
+    @property
     def client(self) -> http1.Pool | None:
         """The connection pool of a backend with exactly one replica (None for a fleet)."""
         replicas = list(self.fleet.replicas.values())
         return replicas[0].pool if len(replicas) == 1 else None
-
-    def _api_key(self) -> str | None:
-        if self.options.api_key:
-            return self.options.api_key
-        if self.options.api_key_env:
-            return os.environ.get(self.options.api_key_env) or None
-        return None
-
-    def _make_pool(self, url: str) -> http1.Pool:
-        t, p = self.options.timeouts, self.options.pool
-        headers = {"accept-encoding": "identity", "user-agent": "switchyard-proxy", **self.options.headers}
-        key = self._api_key()
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        try:
-            return http1.Pool(url, headers=headers, max_connections=p.max_connections,
-                              max_idle=p.max_keepalive_connections, idle_expiry_s=p.keepalive_expiry_s,
-                              connect_timeout_s=t.connect_s, acquire_timeout_s=p.acquire_timeout_s)
-        except ValueError as exc:
-            raise ConfigError(f"backend `{self.name}`: replica {url}: {exc}") from None
 
     async def launch(self) -> None:
         """Start the upstream server when the options ask for it (subclasses); set
@@ -162,7 +137,7 @@ class ProxyBackend:
     def in_flight(self) -> int:
         """Requests whose upstream response is still open (closing it is how the upstream learns
         to abort)."""
-        return self._open_streams
+        return self.upstream.open_streams
 
     # -- capabilities, catalogue, health -----------------------------------------------------
 
@@ -191,7 +166,7 @@ class ProxyBackend:
 
     async def discover_models(self) -> dict[str, int | None]:
         """The upstream's model names and their context lengths (GET /v1/models)."""
-        body = await self._get_json("/v1/models")
+        body = await self.upstream.get_json("/v1/models")
         lens: dict[str, int | None] = {}
         for card in body.get("data") or ():
             if isinstance(card, dict) and isinstance(card.get("id"), str):
@@ -229,54 +204,6 @@ class ProxyBackend:
             log.warning("backend %s: unhealthy: %s", self.name, self.fleet.problem)
         self.healthy = ok
         return ok
-
-    # -- plain JSON requests (catalogue, tokenize) --------------------------------------------
-
-    async def _request_json(self, method: str, path: str, body: Any = None, *, spec: RequestSpec | None = None,
-                            headers: dict[str, str] | None = None) -> Any:
-        """A request that is no stream (catalogue, tokens, embeddings) to the least loaded replica
-        that can take it, with `headers` besides the content type."""
-        t = self.options.timeouts
-        replica = self.fleet.any_replica()
-        deadline = asyncio.get_running_loop().time() + t.first_byte_s
-        try:
-            response = await replica.pool.request(
-                method, path, b"" if body is None else _json_encode(body),
-                {"content-type": "application/json", **(headers or {})} if body is not None else headers, deadline=deadline,
-            )
-            try:
-                content = await response.read(None if response.status < 400 else MAX_ERROR_BODY, deadline)
-            finally:
-                await response.aclose()
-        except TimeoutError:
-            raise UpstreamError(f"Backend `{self.name}` did not answer {method} {path} within {t.first_byte_s:g} s.",
-                                kind="timeout") from None
-        except http1.HTTPError as exc:
-            raise self._transport_error(exc, replica.url) from None
-        if response.status >= 400:
-            raise error_from_body(response.status, content[:MAX_ERROR_BODY], backend=self.name, spec=spec)
-        try:
-            return _json_decode(content) if content else None
-        except msgspec.DecodeError:
-            raise UpstreamError(f"Backend `{self.name}` answered {path} with something that is not JSON.",
-                                kind="bad_gateway") from None
-
-    async def _get_json(self, path: str) -> Any:
-        body = await self._request_json("GET", path)
-        return body if isinstance(body, dict) else {}
-
-    def _transport_error(self, exc: BaseException, url: str = "", *, after_start: bool = False) -> UpstreamError:
-        t = self.options.timeouts
-        if isinstance(exc, http1.ConnectTimeout):
-            return UpstreamError(f"Backend `{self.name}` ({url}) did not accept a connection within "
-                                 f"{t.connect_s:g} s.", kind="timeout")
-        if isinstance(exc, http1.PoolTimeout):
-            return UpstreamError(f"Backend `{self.name}`: all {self.options.pool.max_connections} connections are busy.",
-                                 kind="unavailable")
-        if isinstance(exc, http1.ConnectError):
-            return UpstreamError(f"Backend `{self.name}` ({url}) is unreachable: {exc}", kind="bad_gateway")
-        what = "broke the stream" if after_start else "failed"
-        return UpstreamError(f"Backend `{self.name}` {what}: {type(exc).__name__}: {exc}", kind="bad_gateway")
 
     # -- generation ------------------------------------------------------------------------
 
@@ -342,17 +269,7 @@ class ProxyBackend:
 
     def request_headers(self, spec: RequestSpec) -> dict[str, str]:
         return {"content-type": "application/json", "accept": "text/event-stream",
-                **self.upstream_ids(spec.request_id, spec.headers)}
-
-    @staticmethod
-    def upstream_ids(request_id: str, client_headers: dict[str, str]) -> dict[str, str]:
-        """What identifies a request upstream: its id, and the W3C trace context the gateway's
-        tracing put in `client_headers`."""
-        ids = {"x-request-id": request_id}
-        for name in TRACE_HEADERS:
-            if name in client_headers:
-                ids[name] = client_headers[name]
-        return ids
+                **upstream_ids(spec.request_id, spec.headers)}
 
     def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
         """`stream_upstream`, with `<think>` text split out of the content when the options say so."""
@@ -369,71 +286,9 @@ class ProxyBackend:
         closing it closes the upstream response, which cancels the request upstream."""
         return UpstreamEvents(self, spec)
 
-    async def _open(self, spec: RequestSpec, path: str, content: bytes,
-                    headers: dict[str, str]) -> tuple[Replica, http1.Response, float]:
-        """Send the request to the replica the fleet picks and wait for a 200 response head.
-        A failure there that another replica may not share (unreachable, 5xx, 429, no answer in
-        time) is tried on the next replica, up to `replica_attempts`. Sets `spec.replica`."""
-        tried: list[Replica] = []
-        loop = asyncio.get_running_loop()
-        while True:
-            replica = self.fleet.choose(spec, tried)
-            tried.append(replica)
-            spec.replica = replica.url
-            deadline = loop.time() + self.options.timeouts.first_byte_s
-            try:
-                response = await self._send(replica, path, content, headers, deadline)
-                if response.status != 200:
-                    try:
-                        raw = await self._read_capped(response, deadline)
-                    finally:
-                        await response.aclose()
-                    raise error_from_body(response.status, raw, backend=self.name, spec=spec)
-            except BaseException as exc:
-                self.fleet.finished(replica, spec, exc, before_first_byte=True)
-                if isinstance(exc, SwitchyardError) and self.fleet.can_retry(exc, tried):
-                    log.info("backend %s: replica %s failed before the first byte (%s); trying another replica",
-                             self.name, replica.url, exc.message)
-                    continue
-                raise
-            return replica, response, deadline
-
-    async def _send(self, replica: Replica, path: str, content: bytes, headers: dict[str, str],
-                    deadline: float) -> http1.Response:
-        """POST and wait for the response head, under the first-byte deadline."""
-        try:
-            response = await replica.pool.request("POST", path, content, headers, deadline=deadline)
-        except TimeoutError:
-            raise UpstreamError(f"Backend `{self.name}` ({replica.url}) sent no response within "
-                                f"{self.options.timeouts.first_byte_s:g} s.", kind="timeout") from None
-        except http1.HTTPError as exc:
-            raise self._transport_error(exc, replica.url) from None
-        log.debug("backend %s: POST %s%s -> %d", self.name, replica.url, path, response.status)
-        return response
-
-    async def _drain(self, response: http1.Response) -> None:
-        try:
-            await response.read(MAX_ERROR_BODY, asyncio.get_running_loop().time() + 1.0)
-        except (TimeoutError, http1.HTTPError):
-            pass
-
-    async def _read_capped(self, response: http1.Response, deadline: float, limit: int | None = MAX_ERROR_BODY) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        body = BodyPieces(self, response, deadline)
-        try:
-            while (piece := await body.next()) is not None:
-                chunks.append(piece)
-                size += len(piece)
-                if limit is not None and size >= limit:
-                    break
-        except UpstreamError:
-            if not chunks:
-                raise
-        return b"".join(chunks)
-
     async def embed(self, request: EmbedRequest) -> EmbedResult:
-        return await embed_upstream(self, request)
+        return await embed_upstream(self.upstream, request, model=self.upstream_name(request.upstream_model),
+                                    honours_dimensions=self.honours_dimensions)
 
     # -- tokens ------------------------------------------------------------------------------
 

@@ -10,30 +10,29 @@ gets no `dimensions`: the request is refused with a 400 instead of answered at t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from plugins.contract.errors import InvalidRequest, UpstreamError
 from plugins.contract.protocol import EmbedRequest, EmbedResult
-
-if TYPE_CHECKING:
-    from plugins.proxy.backend import ProxyBackend
+from plugins.proxy.upstream import Upstream, upstream_ids
 
 
-async def embed_upstream(backend: ProxyBackend, request: EmbedRequest) -> EmbedResult:
-    if request.dimensions is not None and not backend.honours_dimensions:
-        raise InvalidRequest(f"Backend `{backend.name}` cannot shorten embeddings (`dimensions`).", param="dimensions")
-    body: dict[str, Any] = {"model": backend.upstream_name(request.upstream_model), "input": request.inputs,
-                            "encoding_format": "float"}
+async def embed_upstream(upstream: Upstream, request: EmbedRequest, *, model: str,
+                         honours_dimensions: bool) -> EmbedResult:
+    """`request` answered by `upstream`, which knows its model as `model`."""
+    if request.dimensions is not None and not honours_dimensions:
+        raise InvalidRequest(f"Backend `{upstream.name}` cannot shorten embeddings (`dimensions`).", param="dimensions")
+    body: dict[str, Any] = {"model": model, "input": request.inputs, "encoding_format": "float"}
     if request.dimensions is not None:
         body["dimensions"] = request.dimensions
     if request.user is not None:
         body["user"] = request.user
-    answer = await backend._request_json("POST", "/v1/embeddings", body,
-                                         headers=backend.upstream_ids(request.request_id, request.headers))
+    answer = await upstream.request_json("POST", "/v1/embeddings", body,
+                                         headers=upstream_ids(request.request_id, request.headers))
     try:
         return _result(answer, len(request.inputs), request.dimensions)
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        raise UpstreamError(f"Backend `{backend.name}` answered /v1/embeddings in an unexpected shape "
+        raise UpstreamError(f"Backend `{upstream.name}` answered /v1/embeddings in an unexpected shape "
                             f"({type(exc).__name__}: {exc}).", kind="bad_gateway") from None
 
 

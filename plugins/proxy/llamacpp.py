@@ -9,8 +9,8 @@ What differs from the generic proxy:
 - Extensions it honours: top_k, min_p, repetition_penalty, structured_outputs (json → its
   `json_schema`, grammar → `grammar` (GBNF), choice → an equivalent grammar, regex → an
   equivalent grammar where GBNF can say it (no lookaround, backreferences or word boundaries:
-  those are a 400), json_object → `response_format`; structural_tag and whitespace_pattern are
-  refused with a 400), chat_template_kwargs, ignore_eos. OpenAI's `response_format` goes as it is
+  those are a 400; both grammars from `plugins.proxy.gbnf`), json_object → `response_format`;
+  structural_tag and whitespace_pattern are refused with a 400), chat_template_kwargs, ignore_eos. OpenAI's `response_format` goes as it is
   (llama-server reads json_object and json_schema itself).
 - Tools (with `tools = true`: the server runs with `--jinja`) go to its chat template, and "auto"
   calls come back parsed by llama-server. A named or "required" `tool_choice` (which llama-server
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +44,7 @@ from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.contract.protocol import Rendered
 from plugins.proxy.backend import ProxyBackend
+from plugins.proxy.gbnf import choice_grammar, regex_grammar
 from plugins.proxy.options import ProxyOptions
 from plugins.contract.config_types import BackendType
 
@@ -116,7 +116,7 @@ class LlamaCppBackend(ProxyBackend):
         server = await asyncio.to_thread(
             start_llamacpp, model=Path(cfg.model) if cfg.model else None, alias=cfg.alias, host=cfg.host,
             port=cfg.port, ctx_size=cfg.ctx_size, parallel=cfg.parallel, threads=cfg.threads,
-            api_key=self._api_key(), extra=cfg.extra_args, binary=Path(cfg.binary) if cfg.binary else None,
+            api_key=self.upstream.api_key(), extra=cfg.extra_args, binary=Path(cfg.binary) if cfg.binary else None,
             log_dir=Path(cfg.log_dir) if cfg.log_dir else None, timeout=cfg.start_timeout_s,
             embeddings=self.options.embeddings,
         )
@@ -126,11 +126,11 @@ class LlamaCppBackend(ProxyBackend):
     # -- catalogue -----------------------------------------------------------------------------
 
     async def discover_models(self) -> dict[str, int | None]:
-        listing = await self._get_json("/v1/models")
+        listing = await self.upstream.get_json("/v1/models")
         names = [c["id"] for c in listing.get("data") or () if isinstance(c, dict) and isinstance(c.get("id"), str)]
         n_ctx: int | None = None
         try:
-            props = await self._get_json("/props")
+            props = await self.upstream.get_json("/props")
             value = (props.get("default_generation_settings") or {}).get("n_ctx")
             n_ctx = value if isinstance(value, int) and value > 0 else None
         except Exception:  # noqa: BLE001 - /props is optional; the catalogue still works without it
@@ -223,12 +223,12 @@ class LlamaCppBackend(ProxyBackend):
             body["chat_template_kwargs"] = chat_template_kwargs
         if tools:
             body["tools"] = tools
-        out = await self._request_json("POST", "/apply-template", body)
+        out = await self.upstream.request_json("POST", "/apply-template", body)
         return out.get("prompt", "") if isinstance(out, dict) else ""
 
     async def _tokenize_text(self, text: str, *, add_special: bool, with_pieces: bool) -> tuple[list[int], list[str] | None]:
-        out = await self._request_json("POST", "/tokenize", {"content": text, "add_special": add_special,
-                                                             "parse_special": True, "with_pieces": with_pieces})
+        out = await self.upstream.request_json("POST", "/tokenize", {"content": text, "add_special": add_special,
+                                                                     "parse_special": True, "with_pieces": with_pieces})
         raw = out.get("tokens") if isinstance(out, dict) else None
         tokens: list[int] = []
         pieces: list[str] | None = [] if with_pieces else None
@@ -254,7 +254,7 @@ class LlamaCppBackend(ProxyBackend):
         return TokenizeResult(tokens=tokens, max_model_len=self._max_model_len, token_strs=pieces)
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
-        out = await self._request_json("POST", "/detokenize", {"tokens": tokens})
+        out = await self.upstream.request_json("POST", "/detokenize", {"tokens": tokens})
         return out.get("content", "") if isinstance(out, dict) else ""
 
     async def render(self, upstream_model: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
@@ -266,34 +266,6 @@ class LlamaCppBackend(ProxyBackend):
                                          chat_template_kwargs=chat_template_kwargs, tools=tools)
         tokens, pieces = await self._tokenize_text(text, add_special=True, with_pieces=True)
         return Rendered(text=text, tokens=tokens, token_strs=pieces)
-
-
-def _gbnf_literal(text: str) -> str:
-    out = ['"']
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02X}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def choice_grammar(choices: list[str]) -> str:
-    """A GBNF grammar whose language is exactly `choices` (vLLM's `structured_outputs.choice`)."""
-    if not choices:
-        raise InvalidRequest("`structured_outputs.choice` must not be empty.", param="structured_outputs.choice")
-    return "root ::= " + " | ".join(_gbnf_literal(str(c)) for c in choices)
 
 
 def _tool_choice_schema(spec: RequestSpec) -> dict[str, Any] | None:
@@ -313,103 +285,6 @@ def _tool_choice_schema(spec: RequestSpec) -> dict[str, Any] | None:
     if choice == "required":
         return required_calls_schema(spec.tools, parallel=spec.parallel_tool_calls is not False)
     return None
-
-
-def _gbnf_class_char(ch: str) -> str:
-    if ch in "\\]^-[":
-        return "\\" + ch
-    if ch == "\n":
-        return "\\n"
-    if ch == "\r":
-        return "\\r"
-    if ch == "\t":
-        return "\\t"
-    if ord(ch) < 0x20 or ord(ch) == 0x7F:
-        return f"\\x{ord(ch):02X}"
-    return ch
-
-
-_CATEGORIES = {"CATEGORY_DIGIT": "0-9", "CATEGORY_WORD": "a-zA-Z0-9_", "CATEGORY_SPACE": " \\t\\n\\r\\x0B\\x0C"}
-
-
-def regex_grammar(regex: str) -> str:
-    """A GBNF grammar matching exactly what `regex` fully matches (vLLM's
-    `structured_outputs.regex`), translated from Python's regex parse tree; constructs GBNF
-    cannot say (lookaround, backreferences, word boundaries) are a 400 naming them."""
-    import re._constants as C  # noqa: N812 - the parser's opcodes
-    import re._parser as P  # noqa: N812
-
-    def fail(what: str) -> InvalidRequest:
-        return InvalidRequest(f"`structured_outputs.regex` uses {what}, which backend llama.cpp's grammars cannot express.",
-                              param="structured_outputs.regex")
-
-    def klass(items: list[tuple[Any, Any]]) -> str:
-        negate, parts = False, []
-        for op, av in items:
-            if op is C.NEGATE:
-                negate = True
-            elif op is C.LITERAL:
-                parts.append(_gbnf_class_char(chr(av)))
-            elif op is C.RANGE:
-                parts.append(f"{_gbnf_class_char(chr(av[0]))}-{_gbnf_class_char(chr(av[1]))}")
-            elif op is C.CATEGORY and str(av) in _CATEGORIES:
-                parts.append(_CATEGORIES[str(av)])
-            elif op is C.CATEGORY and len(items) == 1 and str(av).replace("NOT_", "") in _CATEGORIES:
-                negate, parts = True, [_CATEGORIES[str(av).replace("NOT_", "")]]
-            else:
-                raise fail(f"the class item {op} {av}")
-        return "[" + ("^" if negate else "") + "".join(parts) + "]"
-
-    def seq(items: Any) -> str:
-        out: list[str] = []
-        run: list[str] = []  # consecutive literal characters, one GBNF string
-        for op, av in list(items) + [(None, None)]:
-            if op is C.LITERAL:
-                run.append(chr(av))
-                continue
-            if run:
-                out.append(_gbnf_literal("".join(run)))
-                run = []
-            if op is not None:
-                out.append(item(op, av))
-        out = [o for o in out if o]
-        return out[0] if len(out) == 1 else "(" + " ".join(out) + ")" if out else '""'
-
-    def item(op: Any, av: Any) -> str:
-        if op is C.LITERAL:
-            return _gbnf_literal(chr(av))
-        if op is C.NOT_LITERAL:
-            return "[^" + _gbnf_class_char(chr(av)) + "]"
-        if op is C.ANY:
-            return "."  # any character, as xgrammar (vLLM, the built-in engine) reads it
-        if op is C.IN:
-            return klass(list(av))
-        if op is C.BRANCH:
-            return "(" + " | ".join(seq(alt) for alt in av[1]) + ")"
-        if op is C.SUBPATTERN:
-            return seq(av[3])
-        if op in (C.MAX_REPEAT, C.MIN_REPEAT, getattr(C, "POSSESSIVE_REPEAT", C.MAX_REPEAT)):
-            lo, hi, sub = av
-            inner = seq(sub)
-            if not (inner[0] in '["(' or inner == "."):  # seq() gives one element: a group, class or literal
-                inner = f"({inner})"
-            if hi is C.MAXREPEAT or hi == C.MAXREPEAT:
-                return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-            if (lo, hi) == (0, 1):
-                return inner + "?"
-            return inner + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
-        if op is C.AT and str(av) in ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_END", "AT_END_STRING"):
-            return ""  # the grammar matches the whole output anyway
-        names = {"ASSERT": "lookahead", "ASSERT_NOT": "negative lookahead", "GROUPREF": "a backreference",
-                 "AT": "a word boundary or anchor", "ATOMIC_GROUP": "an atomic group", "GROUPREF_EXISTS": "a conditional"}
-        raise fail(names.get(str(op), str(op)))
-
-    try:
-        tree = P.parse(regex)
-    except re.error as exc:
-        raise InvalidRequest(f"`structured_outputs.regex` is not a valid regular expression: {exc}.",
-                             param="structured_outputs.regex") from None
-    return "root ::= " + seq(tree)
 
 
 @hookimpl

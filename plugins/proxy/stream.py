@@ -22,26 +22,25 @@ It is also an ordinary async iterator of events (`async for`, `aclose()`), for e
 consumer. Like the async generator it replaces: a failure before the first event is raised
 before any event; events parsed before a malformed one still come out, then the error; any
 exception (a cancellation too) ends it and closes the upstream response, which cancels the
-request upstream.
+request upstream. Its `served_by` names the replica the request went to, the attempt's outcome
+the gateway logs and traces (`plugins.contract.protocol.ReportsServedBy`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
 from plugins.transport import http1
 from plugins.contract.errors import UpstreamError
 from plugins.contract.protocol import Event, RequestSpec
+from plugins.fleet.replica import Replica
 from plugins.transport.sse import SSEParser
 from plugins.proxy.normalize import StreamNormalizer
-
-if TYPE_CHECKING:
-    from plugins.fleet.replica import Replica
-    from plugins.proxy.backend import ProxyBackend
+from plugins.proxy.upstream import BodyPieces, Upstream
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
@@ -57,13 +56,28 @@ class EventSink(Protocol):
         """`push([TextDelta(text=text, index=index)])`: a plain token, without the event and list."""
 
 
-class UpstreamEvents:
-    __slots__ = ("_backend", "_spec", "_replica", "_response", "_body", "_norm", "_parser", "_pending", "_ended",
-                 "_closed", "_unread", "_sink", "_held")
+class Forwarder(Protocol):
+    """What `UpstreamEvents` asks of the backend that forwards the request
+    (`plugins.proxy.backend.ProxyBackend`): its upstream, and the request in the upstream's terms."""
 
-    def __init__(self, backend: ProxyBackend, spec: RequestSpec) -> None:
+    upstream: Upstream
+
+    def build_body(self, spec: RequestSpec) -> dict[str, Any]: ...
+
+    def request_headers(self, spec: RequestSpec) -> dict[str, str]: ...
+
+    def content_calls(self, spec: RequestSpec) -> Callable[[], Any] | None: ...
+
+
+class UpstreamEvents:
+    __slots__ = ("_backend", "_upstream", "_spec", "_tried", "_replica", "_response", "_body", "_norm", "_parser",
+                 "_pending", "_ended", "_closed", "_unread", "_sink", "_held")
+
+    def __init__(self, backend: Forwarder, spec: RequestSpec) -> None:
         self._backend = backend
+        self._upstream = backend.upstream
         self._spec = spec
+        self._tried: list[Replica] = []  # the replicas the request was sent to, in order
         self._replica: Replica | None = None
         self._response: http1.Response | None = None
         self._body: BodyPieces | None = None
@@ -100,25 +114,30 @@ class UpstreamEvents:
         """The last batch (with the usage) is out and no error waits: `next_batch()` returns None."""
         return self._ended and self._pending is None
 
+    @property
+    def served_by(self) -> str | None:
+        """The replica (its base URL) the request went to; after a failure before the first
+        byte, the one tried last; None while none was tried."""
+        return self._tried[-1].url if self._tried else None
+
     async def _start(self) -> list[Event] | None:
         """Send the request; for an answer that is not SSE (one JSON object), all its events."""
-        backend, spec = self._backend, self._spec
+        backend, upstream, spec = self._backend, self._upstream, self._spec
         body = backend.build_body(spec)  # translation errors: 400 before anything is sent
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
-        self._replica, self._response, deadline = await backend._open(spec, path, _json_encode(body),
-                                                                      backend.request_headers(spec))
-        self._body = BodyPieces(backend, self._response, deadline)
-        backend._open_streams += 1
-        self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=backend.name, spec=spec,
+        self._replica, self._response, deadline = await upstream.open(spec, path, _json_encode(body),
+                                                                       backend.request_headers(spec), self._tried)
+        self._body = BodyPieces(upstream, self._response, deadline)
+        self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=upstream.name, spec=spec,
                                       content_calls=backend.content_calls(spec))
         ctype = self._response.header("content-type")
         if "text/event-stream" in ctype:
             return None
-        raw = await backend._read_capped(self._response, deadline, limit=None)
+        raw = await upstream.read_capped(self._response, deadline, limit=None)
         try:
             obj = _json_decode(raw)
         except msgspec.DecodeError:
-            raise UpstreamError(f"Backend `{backend.name}` answered with {ctype or 'no content type'}, "
+            raise UpstreamError(f"Backend `{upstream.name}` answered with {ctype or 'no content type'}, "
                                 "neither SSE nor JSON.", kind="bad_gateway") from None
         events = self._norm.feed_response(obj if isinstance(obj, dict) else {})
         return await self._end(events)
@@ -144,7 +163,7 @@ class UpstreamEvents:
                 events = self._events_of(held) if isinstance(held, bytes) else held
             if self._norm.done:  # type: ignore[union-attr]
                 if not self._response.complete:  # type: ignore[union-attr]
-                    await self._backend._drain(self._response)  # type: ignore[arg-type]
+                    await self._upstream.drain(self._response)  # type: ignore[arg-type]
                 return await self._end(events)
             if events:
                 return events
@@ -214,12 +233,8 @@ class UpstreamEvents:
         self._ended = True
         response = self._response
         if response is None:
-            return  # never sent (or `_open` failed, which told the fleet itself)
-        try:
-            await response.aclose()
-        finally:
-            self._backend._open_streams -= 1
-            self._backend.fleet.finished(self._replica, self._spec, error)  # type: ignore[arg-type]
+            return  # never sent (or `open` failed, which told the fleet itself)
+        await self._upstream.release(self._replica, response, self._spec, error)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
         """Stop: the upstream response is closed (the request cancelled upstream) if it has not
@@ -239,48 +254,3 @@ class UpstreamEvents:
             self._unread = batch
         return self._unread.pop(0)
 
-
-class BodyPieces:
-    """A response body's bytes as they arrive (no re-chunking): the first piece under the
-    first-byte deadline, every later one under the backend's idle timeout; a failed read is the
-    backend's `UpstreamError` (no first piece in time, a stall mid-body, or the connection's
-    failure)."""
-
-    __slots__ = ("_backend", "_response", "_when", "_first", "_clock", "_idle_s")
-
-    def __init__(self, backend: ProxyBackend, response: http1.Response, deadline: float) -> None:
-        self._backend = backend
-        self._response = response
-        self._when = deadline  # loop time by which the next piece must arrive
-        self._first = True
-        self._clock = asyncio.get_running_loop().time
-        self._idle_s = backend.options.timeouts.idle_s
-
-    async def next(self, on_piece: Callable[[bytes], bool] | None = None) -> bytes | None:
-        """The bytes that arrived since the last call; None at the end of the body. `on_piece`:
-        see `http1.Response.next_piece` (b"" when it handed control back); it calls `arrived()`
-        for every piece it is given."""
-        try:
-            piece = await self._response.next_piece(self._when, on_piece)
-        except (TimeoutError, http1.HTTPError) as exc:
-            raise self._error(exc) from None
-        if piece:
-            self.arrived()
-        return piece
-
-    def arrived(self) -> None:
-        """A piece arrived: the next one is due within the idle timeout (also for the wait in
-        progress, when it was pushed)."""
-        self._first = False
-        self._when = self._clock() + self._idle_s
-        self._response.move_deadline(self._when)
-
-    def _error(self, exc: TimeoutError | http1.HTTPError) -> UpstreamError:
-        backend = self._backend
-        if isinstance(exc, http1.HTTPError):
-            return backend._transport_error(exc, after_start=True)
-        t = backend.options.timeouts
-        if self._first:
-            return UpstreamError(f"Backend `{backend.name}` sent no data within {t.first_byte_s:g} s.", kind="timeout")
-        return UpstreamError(f"Backend `{backend.name}` stalled for {t.idle_s:g} s in the middle of a response.",
-                             kind="timeout")

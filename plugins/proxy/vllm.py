@@ -95,7 +95,7 @@ class VLLMBackend(ProxyBackend):
         server = await asyncio.to_thread(
             start_vllm, model=model_dir, served_model_names=served, host=cfg.host, port=cfg.port,
             max_model_len=cfg.max_model_len, enforce_eager=cfg.enforce_eager, dtype=cfg.dtype,
-            kv_cache_space_gib=cfg.kv_cache_space_gib, api_key=self._api_key(), extra=cfg.extra_args,
+            kv_cache_space_gib=cfg.kv_cache_space_gib, api_key=self.upstream.api_key(), extra=cfg.extra_args,
             python=Path(cfg.python) if cfg.python else None, env=cfg.env,
             log_dir=Path(cfg.log_dir) if cfg.log_dir else None, timeout=cfg.start_timeout_s,
             embeddings=self.options.embeddings,
@@ -161,7 +161,7 @@ class VLLMBackend(ProxyBackend):
             body["prompt"] = request.prompt or ""
         if request.return_token_strs:
             body["return_token_strs"] = True
-        out = await self._request_json("POST", "/tokenize", body)
+        out = await self.upstream.request_json("POST", "/tokenize", body)
         out = out if isinstance(out, dict) else {}
         mml = out.get("max_model_len")
         return TokenizeResult(tokens=list(out.get("tokens") or []),
@@ -169,7 +169,8 @@ class VLLMBackend(ProxyBackend):
                               token_strs=out.get("token_strs"))
 
     async def detokenize(self, upstream_model: str, tokens: list[int]) -> str:
-        out = await self._request_json("POST", "/detokenize", {"model": self.upstream_name(upstream_model), "tokens": tokens})
+        out = await self.upstream.request_json("POST", "/detokenize",
+                                               {"model": self.upstream_name(upstream_model), "tokens": tokens})
         return (out or {}).get("prompt", "") if isinstance(out, dict) else ""
 
     async def render(self, upstream_model: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,

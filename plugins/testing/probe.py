@@ -106,7 +106,8 @@ class Probe:
 
     async def run(self, spec: RequestSpec, label: str) -> Trace:
         """Send `spec` and record every event until the stream ends, raises, or runs past the
-        request timeout; the iterator is closed afterwards, as the gateway closes it."""
+        request timeout; the iterator is closed afterwards, as the gateway closes it, and its
+        `served_by` read then, as the gateway reads it."""
         trace = Trace(spec=spec, label=label)
         began = time.perf_counter()
         events = self.backend.generate(spec)
@@ -124,6 +125,7 @@ class Probe:
             except Exception as exc:  # noqa: BLE001
                 trace.error = trace.error or exc
             trace.elapsed_s = time.perf_counter() - began
+            trace.served_by = getattr(events, "served_by", None)
         return trace
 
     async def prompt_tokens(self, spec: RequestSpec) -> int | None:

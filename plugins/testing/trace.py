@@ -37,6 +37,7 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     error: BaseException | None = None
     elapsed_s: float = 0.0
+    served_by: object = None  # the stream's `served_by` once it ended (`ReportsServedBy`), when it has one
 
     def text(self, index: int = 0) -> str:
         return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)

@@ -15,7 +15,8 @@ from gateway.service.attempts import Observed
 from gateway.chat_api.chunks import ChunkEncoder
 from gateway.service.stream_feed import StreamFeed
 from plugins.transport.http1 import Response
-from plugins.proxy.stream import BodyPieces, UpstreamEvents
+from plugins.proxy.stream import UpstreamEvents
+from plugins.proxy.upstream import BodyPieces
 from plugins.transport.sse import SSEParser
 from plugins.proxy.normalize import StreamNormalizer
 from tests.faults.conftest import ENGINES, chat

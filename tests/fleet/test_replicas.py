@@ -30,10 +30,12 @@ def fleet_backend(**options: Any) -> LlamaCppBackend:
     return LlamaCppBackend("fleet", msgspec.convert({"models": {MODEL: MODEL}, **options}, LlamaCppOptions))
 
 
-async def run(backend: LlamaCppBackend, spec: RequestSpec) -> tuple[list[Any], Usage]:
-    events = [e async for e in backend.generate(spec)]
+async def run(backend: LlamaCppBackend, spec: RequestSpec) -> tuple[list[Any], Usage, str | None]:
+    """The request's events, its usage and the replica that served it."""
+    stream = backend.generate(spec)
+    events = [e async for e in stream]
     assert isinstance(events[-1], Usage), events[-2:]
-    return events, events[-1]
+    return events, events[-1], stream.served_by  # type: ignore[attr-defined]
 
 
 async def wait_for(check: Any, timeout: float = 20.0) -> bool:
@@ -81,13 +83,12 @@ def test_five_tenants_use_all_three_idle_replicas_and_stay_there(three_replicas:
             home: dict[int, str] = {}
             for tenant in range(5):
                 spec = chat("Which siding?", system=tenant_prompt(tenant, 1000))
-                await run(backend, spec)
-                home[tenant] = spec.replica
+                _, _, home[tenant] = await run(backend, spec)
             assert set(home.values()) == set(urls(three_replicas))
             for tenant in range(5):
                 spec = chat("And which wagon?", system=tenant_prompt(tenant, 1000))
-                _, usage = await run(backend, spec)
-                assert spec.replica == home[tenant]
+                _, usage, served_by = await run(backend, spec)
+                assert served_by == home[tenant]
                 assert usage.cached_tokens and usage.cached_tokens > 0.8 * usage.prompt_tokens, usage
         finally:
             await backend.close()
@@ -108,16 +109,15 @@ def test_a_killed_replica_is_skipped_and_its_breaker_opens(tmp_path: Path) -> No
                 dead.proc.wait()
                 breaker = backend.fleet.monitor.breakers[dead.base_url]
                 for i in range(8):  # every request succeeds: the dead replica's failures happen before the first byte
-                    _, usage = await run(backend, chat(f"question {i} about siding {i}"))
+                    _, usage, _ = await run(backend, chat(f"question {i} about siding {i}"))
                     assert usage.completion_tokens > 0
                 assert await wait_for(lambda: breaker.state is BreakerState.OPEN)
                 stats = {s.replica: s for s in backend.fleet.stats()}
                 tried_dead = stats[dead.base_url].attempts
                 assert tried_dead.get("bad_gateway", 0) >= 2 and tried_dead.get("ok", 0) == ok_before
                 for i in range(4):
-                    spec = chat(f"after the breaker opened {i}")
-                    await run(backend, spec)
-                    assert spec.replica != dead.base_url
+                    _, _, served_by = await run(backend, chat(f"after the breaker opened {i}"))
+                    assert served_by != dead.base_url
                 assert {s.replica: s for s in backend.fleet.stats()}[dead.base_url].attempts == tried_dead
             finally:
                 await backend.close()
@@ -125,10 +125,15 @@ def test_a_killed_replica_is_skipped_and_its_breaker_opens(tmp_path: Path) -> No
         asyncio.run(go())
 
 
-async def _stream_until_first_token(backend: LlamaCppBackend, spec: RequestSpec, first: asyncio.Event) -> list[Any]:
+async def _stream_until_first_token(backend: LlamaCppBackend, spec: RequestSpec, first: asyncio.Event,
+                                    served_by: list[str | None]) -> list[Any]:
+    """The request's events; `served_by` gets the replica it went to as soon as its first event came."""
     events = []
-    async for event in backend.generate(spec):
+    stream = backend.generate(spec)
+    async for event in stream:
         events.append(event)
+        if not first.is_set():
+            served_by.append(stream.served_by)  # type: ignore[attr-defined]
         first.set()
     return events
 
@@ -146,9 +151,10 @@ async def drain_while_streaming(backend: LlamaCppBackend, keep: str, leave: str,
         assert await wait_for(lambda: set(backend.fleet.replicas) == {keep, leave})
         firsts = [asyncio.Event() for _ in range(4)]
         specs = [long_stream(i) for i in range(4)]
-        tasks = [asyncio.create_task(_stream_until_first_token(backend, s, e)) for s, e in zip(specs, firsts)]
+        served_by: list[str | None] = []
+        tasks = [asyncio.create_task(_stream_until_first_token(backend, s, e, served_by)) for s, e in zip(specs, firsts)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in firsts)), 60)
-        assert {s.replica for s in specs} == {keep, leave}
+        assert set(served_by) == {keep, leave}
         change()
         assert await wait_for(lambda: backend.fleet.replicas.get(leave) is None or backend.fleet.replicas[leave].draining)
         if joined is not None:
@@ -159,9 +165,8 @@ async def drain_while_streaming(backend: LlamaCppBackend, keep: str, leave: str,
             assert isinstance(events[-1], Usage) and events[-1].completion_tokens >= 96
         assert await wait_for(lambda: leave not in backend.fleet.replicas)  # drained, then closed
         for i in range(4):
-            spec = chat(f"after the drain {i}")
-            await run(backend, spec)
-            assert spec.replica != leave
+            _, _, served_by_after = await run(backend, chat(f"after the drain {i}"))
+            assert served_by_after != leave
     finally:
         await backend.close()
 

@@ -138,6 +138,29 @@ class CrossedStreams(Defective):
             yield event
 
 
+class ServedByANumber(Defective):
+    """Says which replica served with something that names no replica."""
+
+    def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:
+        return _Numbered(self.inner.generate(spec))
+
+
+class _Numbered:
+    served_by = 3
+
+    def __init__(self, events: Any) -> None:
+        self.events = events
+
+    def __aiter__(self) -> _Numbered:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await anext(self.events)
+
+    async def aclose(self) -> None:
+        await self.events.aclose()
+
+
 class Embeds(Defective):
     """A correct backend that also serves embeddings: a hashed bag of words per input."""
 
@@ -169,6 +192,7 @@ class EmbedsOutOfOrder(Embeds):
 CAUGHT_BY = {
     UsageBeforeFinish: ("event_grammar", "must be the last"),
     TwoFinishes: ("event_grammar", "2 Finish events"),
+    ServedByANumber: ("event_grammar", "served_by is 3"),
     IgnoresCancellation: ("cancellation", "keeps generating for a client that left"),
     BareError: ("errors", "builtins.RuntimeError"),
     UsageDisagrees: ("usage", "but tokenize() counts"),

@@ -16,7 +16,8 @@ import pytest
 
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
-from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, choice_grammar
+from plugins.proxy.gbnf import choice_grammar
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.contract.protocol import Finish, RequestSpec, SamplingParams, TextDelta, TokenizeRequest, Usage
 from plugins.proxy.backend import ProxyBackend

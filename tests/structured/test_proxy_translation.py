@@ -14,7 +14,8 @@ import pytest
 
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import InvalidRequest
-from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions, regex_grammar
+from plugins.proxy.gbnf import regex_grammar
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.contract.protocol import (
     Capabilities,

@@ -1,4 +1,5 @@
-"""event_grammar: every stream follows the protocol's event grammar, per choice."""
+"""event_grammar: every stream follows the protocol's event grammar, per choice, and says which
+replica served it in the protocol's terms when it says so at all (`ReportsServedBy`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from plugins.testing.trace import Failed, describe_error
     "Yield, per choice index, any TextDelta / ReasoningDelta / ToolCallDelta, then exactly one Finish(reason, "
     "index) with reason 'stop', 'length' or 'tool_calls'; after every choice has finished, exactly one Usage, "
     "and nothing after it. A tool call's first ToolCallDelta carries its id and name, and its argument "
-    "fragments join into JSON."))
+    "fragments join into JSON. A stream's served_by, when it has one, is None or the replica's base URL."))
 async def event_grammar(probe: Probe) -> str:
     """Deltas per choice, exactly one Finish per choice with a known reason, exactly one Usage, last."""
     caps = probe.caps
@@ -34,4 +35,7 @@ async def event_grammar(probe: Probe) -> str:
         problems = grammar_problems(trace.events, n)
         if problems:
             raise Failed(f"{label}: " + "; ".join(problems[:3]), trace)
+        if trace.served_by is not None and not (isinstance(trace.served_by, str) and trace.served_by):
+            raise Failed(f"{label}: the stream's served_by is {trace.served_by!r}, neither None nor a replica's "
+                         "base URL", trace)
     return f"{len(asks)} streams well-formed ({'; '.join(a[0] for a in asks)})"
