@@ -110,8 +110,8 @@ async def test_the_request_log_names_the_replica(tmp_path: Path, upstream: Fault
         with pytest.raises(UpstreamError):
             await collect(gateway, spec("m-gone", "failed"))
         await collect(gateway, spec("mirrored", "mirrored"))
-        while gateway.shadows.tasks:
-            await gateway.shadows.tasks.pop()
+        while gateway.shadow_tasks:
+            await gateway.shadow_tasks.pop()
     finally:
         await gateway.close()
     lines = {(line["request_id"], line["shadow"]): line for line in map(json.loads, log.read_text().splitlines())}
