@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.chat_api import schemas as S
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import EXTENSIONS, Capabilities, RequestSpec, SamplingParams
+from plugins.contract.protocol import EXTENSIONS, Capabilities, RequestSpec, Sampling
 
 
 def _fail(message: str, param: str) -> InvalidRequest:
@@ -196,8 +196,8 @@ def _top_k(value: int | None) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def sampling_params(req: S.SamplingFields, *, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> SamplingParams:
-    return SamplingParams(
+def sampling_of(req: S.SamplingFields, *, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> Sampling:
+    return Sampling(
         n=req.n or 1,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -246,7 +246,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         kind="chat",
         model=req.model,
         upstream_model=upstream_model,
-        sampling=sampling_params(req, max_tokens=max_tokens, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0),
+        sampling=sampling_of(req, max_tokens=max_tokens, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0),
         messages=[_typed_tool_calls(msgspec.to_builtins(m)) for m in req.messages],
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
@@ -276,7 +276,7 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         kind="completion",
         model=req.model,
         upstream_model=upstream_model,
-        sampling=sampling_params(
+        sampling=sampling_of(
             req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=logprobs, top_logprobs=req.logprobs or 0
         ),
         prompt=prompt,  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from gateway.chat_api.schemas import TokenId
 from gateway.service.gateway import Gateway
 from gateway.service.attempts import Observed
 from plugins.contract.errors import InvalidRequest, UpstreamError
-from plugins.contract.protocol import EmbedRequest, EmbedResult, RequestSpec, SamplingParams, Usage
+from plugins.contract.protocol import EmbedRequest, EmbedResult, RequestSpec, Sampling, Usage
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
 
@@ -90,7 +90,7 @@ def inputs_of(req: EmbeddingsRequest) -> list[str] | list[list[int]]:
 def routing_spec(req: EmbeddingsRequest, *, request_id: str) -> RequestSpec:
     """What routing, limits and accounting see of an embeddings request."""
     return RequestSpec(request_id=request_id, kind="embedding", model=req.model, upstream_model="",
-                       sampling=SamplingParams(), user=req.user)
+                       sampling=Sampling(), user=req.user)
 
 
 def cost_of(inputs: list[str] | list[list[int]]) -> TokenCost:

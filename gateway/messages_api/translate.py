@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.messages_api import schemas as M
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, SamplingParams, TokenizeRequest
+from plugins.contract.protocol import RequestSpec, Sampling, TokenizeRequest
 
 
 def messages_spec(req: M.MessagesRequest, *, request_id: str) -> RequestSpec:
@@ -27,7 +27,7 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str) -> RequestSpec:
     extensions = set(prompt.extensions)
     if req.top_k:
         extensions.add("top_k")
-    sampling = SamplingParams(
+    sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or None,

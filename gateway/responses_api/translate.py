@@ -17,7 +17,7 @@ import msgspec
 from gateway.errors import from_decode_error
 from gateway.responses_api import schemas as R
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 
 _ITEM_TYPES: dict[str, type[msgspec.Struct]] = {
     "message": R.MessageItem,
@@ -175,7 +175,7 @@ def to_spec(req: R.ResponsesRequest, *, request_id: str, history: list[dict[str,
         kind="chat",
         model=req.model,
         upstream_model="",
-        sampling=SamplingParams(
+        sampling=Sampling(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=req.max_output_tokens,
