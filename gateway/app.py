@@ -23,7 +23,7 @@ from gateway.ids import request_id_from
 from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, serve
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
-from gateway.service.admission import ShuttingDown, cap_max_tokens, check_messages
+from gateway.service.admission import ShuttingDown, check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.chat_api.encode import collect, open_stream
 from gateway.responses_api import handlers as responses_api
@@ -88,8 +88,8 @@ async def completions(request: Request, state: State) -> Response:
     gateway = _gateway(state)
     authorize(request, data.model)
     check_completion(data, max_n=gateway.config.server.max_n)
-    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
+    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="",
+                           limits=gateway.limits_for(data.model))
     return await serve(request, gateway, spec, open_stream, collect)
 
 

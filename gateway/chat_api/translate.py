@@ -14,8 +14,12 @@ from typing import Any
 import msgspec
 
 from gateway.chat_api import schemas as S
+from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import EXTENSIONS, Capabilities, RequestSpec, Sampling
+
+
+COMPLETIONS_MAX_TOKENS = 16  # legacy completions' own default, as OpenAI's
 
 
 def _fail(message: str, param: str) -> InvalidRequest:
@@ -236,8 +240,18 @@ def _typed_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str) -> RequestSpec:
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+def asked_max_tokens(req: S.ChatCompletionRequest) -> tuple[str, int | None]:
+    """The output limit a chat request asks for and the field it came in: `max_completion_tokens`
+    wins over `max_tokens`, which OpenAI deprecated for it."""
+    if req.max_completion_tokens is not None:
+        return "max_completion_tokens", req.max_completion_tokens
+    return "max_tokens", req.max_tokens
+
+
+def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str,
+              limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
+    max_tokens = limits.max_tokens_for(req.model, *asked_max_tokens(req))
     continue_final = bool(req.continue_final_message)
     add_generation_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
     tool_choice = req.tool_choice
@@ -266,7 +280,10 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
     )
 
 
-def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model: str) -> RequestSpec:
+def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model: str,
+                    limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
+    max_tokens = limits.max_tokens_for(req.model, "max_tokens", req.max_tokens, COMPLETIONS_MAX_TOKENS)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -276,9 +293,7 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         kind="completion",
         model=req.model,
         upstream_model=upstream_model,
-        sampling=sampling_of(
-            req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=logprobs, top_logprobs=req.logprobs or 0
-        ),
+        sampling=sampling_of(req, max_tokens=max_tokens, logprobs=logprobs, top_logprobs=req.logprobs or 0),
         prompt=prompt,  # type: ignore[arg-type]
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
