@@ -35,7 +35,7 @@ import httpx  # noqa: E402
 
 from scripts.engine_servers import add_engine_args, chosen_engines, engine_server  # noqa: E402
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
-from plugins.contract.protocol import RequestSpec, SamplingParams  # noqa: E402
+from plugins.contract.protocol import RequestSpec, Sampling  # noqa: E402
 from plugins.proxy.backend import ProxyBackend  # noqa: E402
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions  # noqa: E402
 
@@ -60,7 +60,7 @@ def spec(case: str, *, kind: str = "chat", messages: list | None = None, prompt:
          **sampling: Any) -> RequestSpec:
     return RequestSpec(
         request_id=f"rec-{case}", kind=kind, model=MODEL, upstream_model=MODEL,  # type: ignore[arg-type]
-        sampling=SamplingParams(**sampling), messages=messages if kind == "chat" else None,
+        sampling=Sampling(**sampling), messages=messages if kind == "chat" else None,
         prompt=prompt if kind == "completion" else None, stream=stream, include_usage=True,
         extensions=extensions, priority=priority, structured_outputs=structured_outputs,
     )

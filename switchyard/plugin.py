@@ -7,6 +7,9 @@ event types, the error types the gateway maps to HTTP, the registry types — un
 distribution's own name. `PLUGIN_API_VERSION` is (major, minor): a minor step adds (a new event a
 backend may yield, an optional method), a major step changes something a plugin relies on; a
 plugin can refuse to load with `assert PLUGIN_API_VERSION[0] == 1`.
+
+`SamplingParams` is the old name of `Sampling` (a request's sampling knobs, `spec.sampling`),
+kept as a deprecated alias for plugins written against it; new code imports `Sampling`.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from plugins.contract.protocol import (
     ReportsInFlight,
     ReportsServedBy,
     RequestSpec,
-    SamplingParams,
+    Sampling,
     TextDelta,
     TokenizeRequest,
     TokenizeResult,
@@ -56,6 +59,8 @@ from plugins.contract.protocol import (
 from plugins.contract.config_types import BackendType, Route, Target
 
 PLUGIN_API_VERSION = (1, 1)  # 1.1: `ReportsServedBy` (and `RequestSpec.replica` gone)
+
+SamplingParams = Sampling  # deprecated: the old name of `Sampling` (see the module's docstring)
 
 
 def model_dir(name_or_path: str) -> Path:
@@ -75,7 +80,7 @@ __all__ = [
     "EXTENSIONS", "PLUGIN_API_VERSION", "AuthenticationFailed", "Backend", "BackendType", "Capabilities",
     "ConfigError", "EmbedRequest", "EmbedResult", "EmbeddingBackend", "ContextLengthExceeded", "Event", "Finish",
     "FinishReason", "InvalidRequest", "ModelInfo", "ModelNotFound", "NotFound", "Overloaded", "PermissionDenied",
-    "ReasoningDelta", "Rendered", "ReportsInFlight", "ReportsServedBy", "RequestSpec", "RequestTooLarge", "Route",
+    "ReasoningDelta", "Rendered", "ReportsInFlight", "ReportsServedBy", "RequestSpec", "RequestTooLarge", "Route", "Sampling",
     "SamplingParams", "SwitchyardError", "Target", "TextDelta", "TokenLogprob", "TokenizeRequest", "TokenizeResult",
     "ToolCallDelta", "TopLogprob", "UpstreamError", "Usage", "hookimpl", "model_dir",
 ]

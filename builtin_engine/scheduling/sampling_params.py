@@ -1,6 +1,6 @@
 """Per-request sampling parameters as the engine sees them.
 
-Field names and defaults mirror `plugins.contract.protocol.SamplingParams`, so the backend plugin converts
+Field names and defaults mirror `plugins.contract.protocol.Sampling`, so the backend plugin converts
 one into the other field by field; the engine does not import `plugins`. `None` means "not set",
 never a magic number. `grammar` is the engine's own addition (structured outputs).
 """

@@ -13,7 +13,6 @@ from gateway.chat_api.encode import collect, open_stream
 from gateway.chat_api.streamed import RAISE_IN_HANDLER, chat_request_spec
 from gateway.chat_api.translate import check_completion, completion_spec
 from gateway.http.common import answer, authorize, decode_body
-from gateway.service.admission import cap_max_tokens
 from gateway.service.gateway import Gateway
 
 
@@ -33,8 +32,8 @@ async def completions(request: Request, state: State) -> Response:
     gateway: Gateway = state.gateway
     authorize(request, data.model)
     check_completion(data, max_n=gateway.config.server.max_n)
-    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="")
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
+    spec = completion_spec(data, request_id=request.state.request_id, upstream_model="",
+                           limits=gateway.limits_for(data.model))
     return await answer(request, gateway, spec, open_stream, collect)
 
 

@@ -36,7 +36,7 @@ from gateway.chat_api.encode import collect, open_stream
 from gateway.chat_api.exchange import ChatExchange, Opened
 from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, answer_client, take_watch
 from gateway.ids import request_id_from
-from gateway.service.admission import cap_max_tokens, check_messages
+from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
 from gateway.chat_api.translate import chat_spec, check_chat
 from plugins.contract.protocol import RequestSpec
@@ -54,12 +54,7 @@ def chat_request_spec(gateway: Gateway, data: S.ChatCompletionRequest, key: Clie
     authorize_key(key, data.model)
     check_messages(len(data.messages), gateway.config.server.max_messages)
     check_chat(data, max_n=gateway.config.server.max_n)
-    spec = chat_spec(data, request_id=request_id, upstream_model="")
-    if data.max_completion_tokens is not None:
-        param, asked = "max_completion_tokens", data.max_completion_tokens
-    else:
-        param, asked = "max_tokens", data.max_tokens
-    return cap_max_tokens(spec, gateway.limits_for(spec.model), param, asked)
+    return chat_spec(data, request_id=request_id, upstream_model="", limits=gateway.limits_for(data.model))
 
 
 class StreamedChatFront:

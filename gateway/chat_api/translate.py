@@ -15,8 +15,11 @@ from typing import Any, Literal
 import msgspec
 
 from gateway.chat_api import schemas as S
+from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import EXTENSIONS, RequestSpec, SamplingParams
+from plugins.contract.protocol import EXTENSIONS, RequestSpec, Sampling
+
+COMPLETIONS_MAX_TOKENS = 16  # legacy completions' own default, as OpenAI's
 
 
 def _fail(message: str, param: str) -> InvalidRequest:
@@ -179,8 +182,8 @@ def _top_k(value: int | None) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def sampling_params(req: S.SamplingFields, *, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> SamplingParams:
-    return SamplingParams(
+def sampling_of(req: S.SamplingFields, *, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> Sampling:
+    return Sampling(
         n=req.n or 1,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -219,8 +222,18 @@ def _typed_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str) -> RequestSpec:
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+def asked_max_tokens(req: S.ChatCompletionRequest) -> tuple[str, int | None]:
+    """The output limit a chat request asks for and the field it came in: `max_completion_tokens`
+    wins over `max_tokens`, which OpenAI deprecated for it."""
+    if req.max_completion_tokens is not None:
+        return "max_completion_tokens", req.max_completion_tokens
+    return "max_tokens", req.max_tokens
+
+
+def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str,
+              limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
+    max_tokens = limits.max_tokens_for(req.model, *asked_max_tokens(req))
     continue_final = bool(req.continue_final_message)
     add_generation_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
     tool_choice = req.tool_choice
@@ -229,7 +242,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         kind="chat",
         model=req.model,
         upstream_model=upstream_model,
-        sampling=sampling_params(req, max_tokens=max_tokens, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0),
+        sampling=sampling_of(req, max_tokens=max_tokens, logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0),
         messages=[_typed_tool_calls(msgspec.to_builtins(m)) for m in req.messages],
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
@@ -249,7 +262,10 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
     )
 
 
-def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model: str) -> RequestSpec:
+def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model: str,
+                    limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
+    max_tokens = limits.max_tokens_for(req.model, "max_tokens", req.max_tokens, COMPLETIONS_MAX_TOKENS)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -259,9 +275,7 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         kind="completion",
         model=req.model,
         upstream_model=upstream_model,
-        sampling=sampling_params(
-            req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=logprobs, top_logprobs=req.logprobs or 0
-        ),
+        sampling=sampling_of(req, max_tokens=max_tokens, logprobs=logprobs, top_logprobs=req.logprobs or 0),
         prompt=prompt,  # type: ignore[arg-type]
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),

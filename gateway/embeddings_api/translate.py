@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.embeddings_api.schemas import EmbeddingsRequest
 from gateway.keys.limits import CHARS_PER_TOKEN, TokenCost
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 
 
 def inputs_of(req: EmbeddingsRequest) -> list[str] | list[list[int]]:
@@ -33,7 +33,7 @@ def inputs_of(req: EmbeddingsRequest) -> list[str] | list[list[int]]:
 def routing_spec(req: EmbeddingsRequest, *, request_id: str) -> RequestSpec:
     """What routing, limits and accounting see of an embeddings request."""
     return RequestSpec(request_id=request_id, kind="embedding", model=req.model, upstream_model="",
-                       sampling=SamplingParams(), user=req.user)
+                       sampling=Sampling(), user=req.user)
 
 
 def cost_of(inputs: list[str] | list[list[int]]) -> TokenCost:

@@ -24,7 +24,7 @@ from gateway.keys import TokenCost
 from gateway.service.gateway import Gateway, Resolved
 from gateway.service.attempts import LastPiece, Answer
 from plugins.contract.errors import InvalidRequest, NotFound, PermissionDenied
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 
 T = TypeVar("T")
 B = TypeVar("B", bound=msgspec.Struct)
@@ -83,7 +83,7 @@ def resolve_for_tokens(request: Request, gateway: Gateway, model: str | None) ->
         raise NotFound("No models are served.")
     authorize(request, name)
     request_id = request.state.request_id
-    probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=SamplingParams())
+    probe = RequestSpec(request_id=request_id, kind="chat", model=name, upstream_model="", sampling=Sampling())
     return gateway.resolve(probe)
 
 

@@ -8,8 +8,8 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.service.accounting import RequestAccounting
-from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers, answer
-from gateway.service.admission import cap_max_tokens, check_messages
+from gateway.http.common import answer, authorize, decode_body, resolve_for_tokens, response_headers
+from gateway.service.admission import check_messages
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
 from gateway.messages_api.translate import count_tokens_request, messages_spec
@@ -34,8 +34,7 @@ async def create_message(request: Request, state: State) -> Response:
     gateway: Gateway = state.gateway
     authorize(request, data.model)
     check_messages(len(data.messages), gateway.config.server.max_messages)
-    spec = messages_spec(data, request_id=request.state.request_id)
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_tokens", data.max_tokens)
+    spec = messages_spec(data, request_id=request.state.request_id, limits=gateway.limits_for(data.model))
     return await answer(request, gateway, spec, open_stream, collect)
 
 

@@ -16,22 +16,24 @@ import json
 from typing import Any
 
 from gateway.messages_api import schemas as M
+from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, SamplingParams, TokenizeRequest
+from plugins.contract.protocol import RequestSpec, Sampling, TokenizeRequest
 
 
-def messages_spec(req: M.MessagesRequest, *, request_id: str) -> RequestSpec:
+def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
     if isinstance(req.thinking, M.ThinkingEnabled) and req.thinking.budget_tokens >= req.max_tokens:
         raise InvalidRequest("`thinking.budget_tokens` must be less than `max_tokens`.", param="thinking.budget_tokens")
     prompt = _Prompt.of(req)
     extensions = set(prompt.extensions)
     if req.top_k:
         extensions.add("top_k")
-    sampling = SamplingParams(
+    sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or None,
-        max_tokens=req.max_tokens,
+        max_tokens=limits.max_tokens_for(req.model, "max_tokens", req.max_tokens),
         stop=tuple(req.stop_sequences or ()),
     )
     return RequestSpec(

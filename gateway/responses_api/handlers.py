@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -13,11 +12,10 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.params import FromPath
 from litestar.datastructures import State
 
-from gateway.http.common import authorize, decode_body, response_headers, answer
-from gateway.service.admission import cap_max_tokens, check_messages
+from gateway.http.common import answer, authorize, decode_body, response_headers
+from gateway.service.admission import check_messages
 from gateway.responses_api import schemas as R
 from gateway.responses_api import respond as service, translate
-from gateway.responses_api.encode import new_id
 from gateway.config import StoreConfig
 from gateway.responses_api.store import open_store
 from gateway.service.gateway import Gateway
@@ -32,30 +30,6 @@ def _state(state: State) -> service.ResponsesState:
 
 def _not_found(response_id: str, param: str | None = None) -> NotFound:
     return NotFound(f"Response with id {response_id!r} not found.", param=param, code="response_not_found")
-
-
-def _frame(req: R.ResponsesRequest, stored: bool, tool_choice: Any) -> R.Response:
-    fmt = req.text.format if req.text is not None and req.text.format is not None else R.FormatText()
-    return R.Response(
-        id=new_id("resp"),
-        created_at=int(time.time()),
-        status="in_progress",
-        instructions=req.instructions,
-        max_output_tokens=req.max_output_tokens,
-        model=req.model,
-        parallel_tool_calls=req.parallel_tool_calls is not False,
-        previous_response_id=req.previous_response_id,
-        reasoning=R.ReasoningEcho(effort=req.reasoning.effort if req.reasoning else None,
-                                  summary=req.reasoning.summary if req.reasoning else None),
-        store=stored,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        text=R.TextFormatEcho(format=msgspec.to_builtins(fmt)),
-        tool_choice=tool_choice,
-        tools=req.tools or [],
-        top_p=1.0 if req.top_p is None else req.top_p,
-        user=req.user,
-        metadata=req.metadata or {},
-    )
 
 
 @post("/v1/responses", status_code=200, summary="Create a model response (OpenAI Responses API).")
@@ -73,12 +47,11 @@ async def create_response(request: Request, state: State) -> Response:
         history = previous.conversation
     turn_messages = translate.to_messages(translate.input_items(req), translate.call_ids(history))
     check_messages(len(history) + len(turn_messages), gateway.config.server.max_messages)
-    spec = translate.to_spec(req, request_id=request.state.request_id, history=history, turn=turn_messages)
-    spec = cap_max_tokens(spec, gateway.limits_for(spec.model), "max_output_tokens", req.max_output_tokens)
+    spec = translate.to_spec(req, request_id=request.state.request_id, history=history, turn=turn_messages,
+                             limits=gateway.limits_for(req.model))
     stored = req.store is not False and responses.store is not None
-    frame = _frame(req, stored, req.tool_choice if req.tool_choice is not None else "auto")
-    frame = msgspec.structs.replace(frame, max_output_tokens=spec.sampling.max_tokens)
-    turn = service.Turn(frame=frame, conversation=history + turn_messages, store=stored)
+    turn = service.Turn(frame=translate.response_frame(req, spec, stored=stored), conversation=history + turn_messages,
+                        store=stored)
     return await answer(request, gateway, spec, _bound(service.open_stream, responses, turn),
                        _bound(service.collect, responses, turn))
 

@@ -1,5 +1,5 @@
-"""A Responses request → the backend-neutral `RequestSpec` (a chat request), and the
-conversation kept for `previous_response_id`.
+"""A Responses request → the backend-neutral `RequestSpec` (a chat request), the response's
+frame that echoes it, and the conversation kept for `previous_response_id`.
 
 `input` becomes chat messages: message items by role (text parts only), `function_call` items
 an assistant message's `tool_calls`, `function_call_output` items `tool` messages; earlier
@@ -10,14 +10,17 @@ follow-up request. Function tools, `tool_choice` and `text.format` become their 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
 
 from gateway.errors import from_decode_error
 from gateway.responses_api import schemas as R
+from gateway.responses_api.encode import new_id
+from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 
 _ITEM_TYPES: dict[str, type[msgspec.Struct]] = {
     "message": R.MessageItem,
@@ -163,29 +166,59 @@ def response_format(req: R.ResponsesRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def to_spec(req: R.ResponsesRequest, *, request_id: str, history: list[dict[str, Any]], turn: list[dict[str, Any]]) -> RequestSpec:
-    """The chat request for this turn: instructions, the stored conversation, the new input."""
+def to_spec(req: R.ResponsesRequest, *, request_id: str, history: list[dict[str, Any]], turn: list[dict[str, Any]],
+            limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The chat request for this turn: instructions, the stored conversation, the new input; its
+    `max_tokens` under the route's `limits`."""
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history + turn
     if not messages:
         raise _fail("`input` is empty.", "input")
     tools = chat_tools(req)
+    tool_choice = chat_tool_choice(req, tools)
+    fmt = response_format(req)
     thinking = {"enable_thinking": False} if req.reasoning is not None and req.reasoning.effort == "none" else None
     return RequestSpec(
         request_id=request_id,
         kind="chat",
         model=req.model,
         upstream_model="",
-        sampling=SamplingParams(
+        sampling=Sampling(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            max_tokens=req.max_output_tokens,
+            max_tokens=limits.max_tokens_for(req.model, "max_output_tokens", req.max_output_tokens),
         ),
         messages=messages,
         stream=bool(req.stream),
         chat_template_kwargs=thinking,
         tools=tools,
-        tool_choice=chat_tool_choice(req, tools),
+        tool_choice=tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        response_format=response_format(req),
+        response_format=fmt,
         user=req.user,
+    )
+
+
+def response_frame(req: R.ResponsesRequest, spec: RequestSpec, *, stored: bool) -> R.Response:
+    """The response's echo of the request (everything but status, output and usage), its
+    `max_output_tokens` the one `spec` is served with."""
+    fmt = req.text.format if req.text is not None and req.text.format is not None else R.FormatText()
+    return R.Response(
+        id=new_id("resp"),
+        created_at=int(time.time()),
+        status="in_progress",
+        instructions=req.instructions,
+        max_output_tokens=spec.sampling.max_tokens,
+        model=req.model,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        previous_response_id=req.previous_response_id,
+        reasoning=R.ReasoningEcho(effort=req.reasoning.effort if req.reasoning else None,
+                                  summary=req.reasoning.summary if req.reasoning else None),
+        store=stored,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        text=R.TextFormatEcho(format=msgspec.to_builtins(fmt)),
+        tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
+        tools=req.tools or [],
+        top_p=1.0 if req.top_p is None else req.top_p,
+        user=req.user,
+        metadata=req.metadata or {},
     )

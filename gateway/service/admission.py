@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-
-import msgspec
+from typing import TYPE_CHECKING
 
 from gateway.errors import DeadlineExceeded
 from plugins.contract.errors import InvalidRequest, Overloaded
-from plugins.contract.protocol import RequestSpec
+
+if TYPE_CHECKING:
+    from gateway.config import RouteConfig, ServerConfig
 
 RETRY_AFTER_S = 1.0
 
@@ -41,32 +42,42 @@ class Deadline:
 
 @dataclass(frozen=True)
 class RouteLimits:
+    """The limits in force on one route (the default: none)."""
+
     max_tokens: int | None = None
     request_timeout_s: float | None = None
     default_max_tokens: int | None = None  # what a request that asks for none gets (<= max_tokens)
+
+    @classmethod
+    def of(cls, server: ServerConfig, route: RouteConfig | None = None) -> RouteLimits:
+        """`route`'s limits, the server's where it sets none (no route: a model served under its
+        own name)."""
+        if route is None:
+            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens)
+        return cls(route.max_tokens or server.max_tokens, route.request_timeout_s or server.request_timeout_s,
+                   route.default_max_tokens or server.default_max_tokens)
+
+    def max_tokens_for(self, model: str, param: str, asked: int | None,
+                       endpoint_default: int | None = None) -> int | None:
+        """The `max_tokens` a request for `model` gets (None: the rest of the context), the one
+        place the route's cap and default apply. `asked`: what the client sent in `param` (None:
+        nothing); more than the `max_tokens` cap is a 400 naming `param`. Asking for nothing gets
+        `default_max_tokens` (else the cap), or `endpoint_default` (legacy completions' 16) where
+        that is smaller or there is neither."""
+        cap = self.max_tokens
+        if asked is not None:
+            if cap is not None and asked > cap:
+                raise InvalidRequest(f"`{param}` is {asked}, more than model `{model}` allows ({cap}).", param=param)
+            return asked
+        fill = self.default_max_tokens or cap
+        if fill is None:
+            return endpoint_default
+        return fill if endpoint_default is None else min(endpoint_default, fill)
 
 
 def check_messages(count: int, max_messages: int) -> None:
     if count > max_messages:
         raise InvalidRequest(f"`messages` has {count} items, more than this server allows ({max_messages}).", param="messages")
-
-
-def cap_max_tokens(spec: RequestSpec, limits: RouteLimits, param: str, asked: int | None) -> RequestSpec:
-    """`spec` with its route's output limits applied. `asked`: what the client sent in `param`
-    (None: nothing). Asking for more than the `max_tokens` cap is a 400 naming `param`; asking
-    for nothing gets `default_max_tokens`, else the cap (or the endpoint's own default, legacy
-    completions' 16, if smaller)."""
-    cap = limits.max_tokens
-    if asked is not None:
-        if cap is not None and asked > cap:
-            raise InvalidRequest(f"`{param}` is {asked}, more than model `{spec.model}` allows ({cap}).", param=param)
-        return spec
-    fill = limits.default_max_tokens or cap
-    if fill is None:
-        return spec
-    default = spec.sampling.max_tokens
-    capped = fill if default is None else min(default, fill)
-    return msgspec.structs.replace(spec, sampling=msgspec.structs.replace(spec.sampling, max_tokens=capped))
 
 
 class BackendLimiter:

@@ -106,19 +106,12 @@ class Gateway:
             if cfg is None:
                 self.plans[name] = RoutePlan.build(route, limits=self.default_limits)
                 continue
-            limits = RouteLimits(
-                max_tokens=cfg.max_tokens or server.max_tokens,
-                request_timeout_s=cfg.request_timeout_s or server.request_timeout_s,
-                default_max_tokens=cfg.default_max_tokens or server.default_max_tokens,
-            )
-            self.plans[name] = RoutePlan.build(route, cfg.max_attempts, cfg.shadow, limits)
+            self.plans[name] = RoutePlan.build(route, cfg.max_attempts, cfg.shadow, RouteLimits.of(server, cfg))
 
     @property
     def default_limits(self) -> RouteLimits:
         """The limits of a model served under its own name (no `[[routes]]` table)."""
-        server = self.config.server
-        return RouteLimits(max_tokens=server.max_tokens, request_timeout_s=server.request_timeout_s,
-                           default_max_tokens=server.default_max_tokens)
+        return RouteLimits.of(self.config.server)
 
     @classmethod
     def from_config(cls, config: Config) -> Gateway:

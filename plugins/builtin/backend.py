@@ -40,12 +40,12 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from plugins.contract.hookspecs import hookimpl
-from plugins.builtin.embeddings import allowed_dimensions
+from plugins.builtin.embeddings import Dimensions, allowed_dimensions
 from plugins.builtin.embeddings import embed as embed_with_engine
 from plugins.contract.errors import (
     ConfigError,
@@ -123,7 +123,7 @@ class BuiltinBackend:
         self._chat_template_error: str | None = None
         self._templates: dict[str, ChatTemplate] = {}  # per-request overrides, compiled once
         self._token_text: dict[int, tuple[str, list[int]]] = {}
-        self.matryoshka: frozenset[int] | Literal["any"] | None = None  # the `dimensions` embeddings allow
+        self.matryoshka: Dimensions = None  # the `dimensions` embeddings allow
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -288,7 +288,10 @@ class BuiltinBackend:
             await outputs.aclose()  # type: ignore[attr-defined]  # aborts the request if it had not finished
 
     async def embed(self, request: EmbedRequest) -> EmbedResult:
-        return await embed_with_engine(self, request)
+        engine = self._require_engine(request.upstream_model)
+        assert self.tokenizer is not None
+        return await embed_with_engine(engine, self.tokenizer, request, options=self.options.embeddings,
+                                       allowed=self.matryoshka, model=self.served_model_name)
 
     def _reasoning_splitter(self, spec: RequestSpec, prompt_text: str | None) -> ReasoningSplitter | None:
         if spec.kind != "chat":

@@ -16,29 +16,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Literal
 
-import msgspec
-
+from plugins.builtin.options import EmbeddingOptions
 from plugins.contract.errors import InvalidRequest, Overloaded, UpstreamError
 from plugins.contract.protocol import EmbedRequest, EmbedResult
 
 if TYPE_CHECKING:
-    from plugins.builtin.backend import BuiltinBackend
+    from builtin_engine.process.client import EngineClient
+    from builtin_engine.process.service import EngineService
+    from builtin_engine.text.tokenizer import Tokenizer
+
+Dimensions = frozenset[int] | Literal["any"] | None  # `allowed_dimensions`
 
 
-class EmbeddingOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """`[backends.options.embeddings]` of a builtin backend."""
-
-    pooling: Annotated[Literal["last", "mean", "cls"], msgspec.Meta(
-        description="Which hidden states make a vector: the last token's (as vLLM for decoder models), the "
-                    "mean over the input, or the first token's.")] = "last"
-    normalize: Annotated[bool, msgspec.Meta(description="L2-normalize each vector.")] = True
-    matryoshka_dimensions: Annotated[list[Annotated[int, msgspec.Meta(ge=1)]] | None, msgspec.Meta(
-        description="The `dimensions` clients may ask for; default: from the checkpoint's config.json.")] = None
-
-
-def allowed_dimensions(model_dir: Path, options: EmbeddingOptions) -> frozenset[int] | Literal["any"] | None:
+def allowed_dimensions(model_dir: Path, options: EmbeddingOptions) -> Dimensions:
     """The `dimensions` the model may be truncated to: a set, "any", or None (not matryoshka)."""
     if options.matryoshka_dimensions is not None:
         return frozenset(options.matryoshka_dimensions)
@@ -52,20 +44,21 @@ def allowed_dimensions(model_dir: Path, options: EmbeddingOptions) -> frozenset[
     return "any" if config.get("is_matryoshka") is True else None
 
 
-async def embed(backend: BuiltinBackend, request: EmbedRequest) -> EmbedResult:
+async def embed(engine: EngineService | EngineClient, tokenizer: Tokenizer, request: EmbedRequest, *,
+                options: EmbeddingOptions, allowed: Dimensions, model: str) -> EmbedResult:
     """Pool every input with one `Embed` call, in this process or the engine's (the engine keeps
     at most a batch's worth of them waiting, so a large request never fills its queue).
+    `allowed`: the model's `allowed_dimensions`; `model`: its served name, for messages.
     Cancelled (the client left): the call's stream is closed, which aborts what still runs."""
     from builtin_engine.process.calls import Embed
     from builtin_engine.errors import EngineError
 
-    engine = backend._require_engine(request.upstream_model)
-    assert backend.tokenizer is not None
-    options = backend.options.embeddings
-    prompts = [backend.tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
+    prompts = [tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
                for item in request.inputs]
+    assert engine.info is not None
+    dimensions = _dimensions(request.dimensions, engine.info.hidden_size, allowed, model)
     call = Embed(request_id=request.request_id, prompts=prompts, pooling=options.pooling,
-                 normalize=options.normalize, dimensions=_dimensions(backend, request.dimensions))
+                 normalize=options.normalize, dimensions=dimensions)
     outputs = engine.stream(call)
     try:
         vectors = [output.embedding async for output in outputs]
@@ -76,21 +69,18 @@ async def embed(backend: BuiltinBackend, request: EmbedRequest) -> EmbedResult:
     return EmbedResult(embeddings=vectors, prompt_tokens=sum(len(p) for p in prompts))
 
 
-def _dimensions(backend: BuiltinBackend, asked: int | None) -> int | None:
+def _dimensions(asked: int | None, size: int, allowed: Dimensions, model: str) -> int | None:
     if asked is None:
         return None
-    assert backend.engine is not None and backend.engine.info is not None
-    size = backend.engine.info.hidden_size
-    allowed = backend.matryoshka
     if asked == size:
         return None
     if allowed is None:
-        raise InvalidRequest(f"Model `{backend.served_model_name}` does not support matryoshka representation: its "
+        raise InvalidRequest(f"Model `{model}` does not support matryoshka representation: its "
                              f"embeddings are {size}-dimensional, and shortening them would give poor vectors.",
                              param="dimensions")
     if (allowed == "any" and asked > size) or (allowed != "any" and asked not in allowed):
         which = f"at most {size}" if allowed == "any" else f"one of {sorted(allowed)}"
-        raise InvalidRequest(f"`dimensions` {asked} is not supported by model `{backend.served_model_name}`; "
+        raise InvalidRequest(f"`dimensions` {asked} is not supported by model `{model}`; "
                              f"ask for {which}.", param="dimensions")
     return asked
 

@@ -9,8 +9,6 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from plugins.builtin.embeddings import EmbeddingOptions
-
 
 def _doc(description: str, **constraints: Any) -> Any:
     return msgspec.Meta(description=description, **constraints)
@@ -18,6 +16,17 @@ def _doc(description: str, **constraints: Any) -> Any:
 
 _AtLeast1 = Annotated[int, msgspec.Meta(ge=1)]
 _AtLeast2 = Annotated[int, msgspec.Meta(ge=2)]
+
+
+class EmbeddingOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """`[backends.options.embeddings]` of a builtin backend."""
+
+    pooling: Annotated[Literal["last", "mean", "cls"], msgspec.Meta(
+        description="Which hidden states make a vector: the last token's (as vLLM for decoder models), the "
+                    "mean over the input, or the first token's.")] = "last"
+    normalize: Annotated[bool, msgspec.Meta(description="L2-normalize each vector.")] = True
+    matryoshka_dimensions: Annotated[list[Annotated[int, msgspec.Meta(ge=1)]] | None, msgspec.Meta(
+        description="The `dimensions` clients may ask for; default: from the checkpoint's config.json.")] = None
 
 
 class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

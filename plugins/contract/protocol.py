@@ -54,9 +54,11 @@ EXTENSIONS: frozenset[str] = frozenset(
 )
 
 
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """Every sampling knob, with the OpenAI defaults filled in by the gateway, so one request
-    means the same on every engine. `None` means "not limited" / "not set", never a magic int."""
+class Sampling(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's sampling knobs (`RequestSpec.sampling`), with the OpenAI defaults filled in by
+    the gateway, so one request means the same on every engine. `None` means "not limited" /
+    "not set", never a magic int. (The built-in engine's own per-request parameters are
+    `builtin_engine.scheduling.sampling_params.SamplingParams`.)"""
 
     n: int = 1
     temperature: float = 1.0
@@ -93,7 +95,7 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     kind: Literal["chat", "completion", "embedding"]
     model: str  # the name the client asked for
     upstream_model: str  # the name the backend knows the model by
-    sampling: SamplingParams
+    sampling: Sampling
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     stream: bool = False

@@ -17,7 +17,7 @@ from plugins.contract.protocol import (
     Backend,
     Finish,
     RequestSpec,
-    SamplingParams,
+    Sampling,
     TextDelta,
     TokenizeRequest,
     Usage,
@@ -48,7 +48,7 @@ def backend(tiny_model_dir: Path):  # noqa: ANN201
 
 
 def spec(**fields: object) -> RequestSpec:
-    sampling = fields.pop("sampling", SamplingParams(temperature=0.0, max_tokens=8))
+    sampling = fields.pop("sampling", Sampling(temperature=0.0, max_tokens=8))
     base = {"request_id": "req", "kind": "chat", "model": "tiny", "upstream_model": "tiny", "messages": MESSAGES}
     base.update(fields)
     return RequestSpec(sampling=sampling, **base)  # type: ignore[arg-type]
@@ -77,7 +77,7 @@ def test_engine_knows_every_protocol_sampling_field() -> None:
 
     from builtin_engine.scheduling.sampling_params import SamplingParams as EngineParams
 
-    protocol = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)}
+    protocol = {f.name: f.default for f in msgspec.structs.fields(Sampling)}
     engine = {f.name: f.default for f in dataclasses.fields(EngineParams) if f.name != "grammar"}  # engine-only
     assert protocol == engine
 
@@ -94,7 +94,7 @@ def test_protocol_models_health_capabilities(backend: BuiltinBackend) -> None:
 
 
 def test_events_order_and_usage(backend: BuiltinBackend) -> None:
-    request = spec(sampling=SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))
+    request = spec(sampling=Sampling(n=2, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))
     events = run(events_of(backend, request))
     assert isinstance(events[-1], Usage) and sum(isinstance(e, Usage) for e in events) == 1
     finishes = [e for e in events if isinstance(e, Finish)]
@@ -111,7 +111,7 @@ def test_events_order_and_usage(backend: BuiltinBackend) -> None:
 
 
 def test_logprobs_ride_with_every_token(backend: BuiltinBackend) -> None:
-    request = spec(sampling=SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True,
+    request = spec(sampling=Sampling(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True,
                                            top_logprobs=2))
     events = run(events_of(backend, request))
     deltas = [e for e in events if isinstance(e, TextDelta)]
@@ -126,13 +126,13 @@ def test_logprobs_ride_with_every_token(backend: BuiltinBackend) -> None:
 
 def test_completion_prompt_echo_and_token_ids(backend: BuiltinBackend) -> None:
     request = spec(kind="completion", messages=None, prompt="Hello, world", echo=True,
-                   sampling=SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+                   sampling=Sampling(temperature=0.0, max_tokens=4, ignore_eos=True))
     events = run(events_of(backend, request))
     assert events[0] == TextDelta(text="Hello, world", index=0)
     usage = events[-1]
     assert usage.prompt_tokens == len(backend.tokenizer.encode("Hello, world", add_special_tokens=True))
     as_ids = spec(kind="completion", messages=None, prompt=backend.tokenizer.encode("Hello", add_special_tokens=True),
-                  sampling=SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+                  sampling=Sampling(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert run(events_of(backend, as_ids))[-1].completion_tokens == 3
 
 
@@ -140,7 +140,7 @@ def test_cancellation_frees_blocks(backend: BuiltinBackend) -> None:
     engine = backend.engine.llm_engine
 
     async def main() -> None:
-        stream = backend.generate(spec(sampling=SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)))
+        stream = backend.generate(spec(sampling=Sampling(temperature=0.0, max_tokens=1000, ignore_eos=True)))
         first = await stream.__anext__()
         assert isinstance(first, TextDelta)
         assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
@@ -157,7 +157,7 @@ def test_cancellation_frees_blocks(backend: BuiltinBackend) -> None:
 
 def test_errors_before_scheduling(backend: BuiltinBackend) -> None:
     with pytest.raises(ContextLengthExceeded, match="2048") as info:
-        run(events_of(backend, spec(sampling=SamplingParams(max_tokens=5000))))
+        run(events_of(backend, spec(sampling=Sampling(max_tokens=5000))))
     assert info.value.param == "max_tokens" and info.value.code == "context_length_exceeded"
     with pytest.raises(InvalidRequest) as info:
         run(events_of(backend, spec(chat_template="{% if %}")))
@@ -175,7 +175,7 @@ def test_overloaded_when_the_queue_is_full(tiny_model_dir: Path) -> None:
     backend = make_backend(tiny_model_dir, served_model_name="tiny", max_num_seqs=1, max_waiting=1)
     try:
         async def main() -> None:
-            long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+            long = Sampling(temperature=0.0, max_tokens=200, ignore_eos=True)
             running = backend.generate(spec(sampling=long))
             await running.__anext__()  # scheduled: it left the queue
             waiting = backend.generate(spec(sampling=long))
@@ -217,7 +217,7 @@ def test_template_options_and_kwargs(backend: BuiltinBackend) -> None:
 def test_default_model_answers_the_france_question(default_model_dir: Path) -> None:
     backend = make_backend(default_model_dir, served_model_name="smol")
     try:
-        request = spec(model="smol", upstream_model="smol", sampling=SamplingParams(temperature=0.0, max_tokens=20))
+        request = spec(model="smol", upstream_model="smol", sampling=Sampling(temperature=0.0, max_tokens=20))
         events = run(events_of(backend, request))
     finally:
         run(backend.close())

@@ -19,7 +19,7 @@ import pytest
 
 from engines import install
 from engines.launch import ServerProcess, start_llamacpp
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 
 MODEL = "smollm2-135m-instruct"
 CTX = 4096  # two slots of 2048 tokens
@@ -76,7 +76,7 @@ def three_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Se
 def chat(text: str, *, system: str | None = None, max_tokens: int = 4, request_id: str = "r", **fields: Any) -> RequestSpec:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     return RequestSpec(request_id=request_id, kind="chat", model=MODEL, upstream_model=MODEL,
-                       sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, **fields.pop("sampling", {})),
+                       sampling=Sampling(temperature=0.0, max_tokens=max_tokens, **fields.pop("sampling", {})),
                        messages=messages, **fields)
 
 

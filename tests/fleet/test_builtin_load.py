@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
-from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, Usage
+from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, Usage
 
 
 def test_builtin_load_is_the_scheduler_state(tiny_model_dir: Path) -> None:
@@ -25,7 +25,7 @@ def test_builtin_load_is_the_scheduler_state(tiny_model_dir: Path) -> None:
             assert backend.load() == 0.0 and 0.0 <= idle.kv_cache_usage < 0.01
             spec = RequestSpec(request_id="r", kind="chat", model="tiny", upstream_model="tiny",
                                messages=[{"role": "user", "content": "Tell a long story."}],
-                               sampling=SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+                               sampling=Sampling(temperature=0.0, max_tokens=48, ignore_eos=True))
             events = backend.generate(spec)
             seen_busy = None
             async for event in events:
@@ -59,7 +59,7 @@ def test_builtin_load_with_the_engine_in_its_own_process(tiny_model_dir: Path) -
             assert (idle.load, idle.running, idle.stale, idle.healthy) == (0.0, 0.0, False, True)
             spec = RequestSpec(request_id="r", kind="chat", model="tiny", upstream_model="tiny",
                                messages=[{"role": "user", "content": "Tell a long story."}],
-                               sampling=SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+                               sampling=Sampling(temperature=0.0, max_tokens=48, ignore_eos=True))
             probed_busy = None
             async for event in backend.generate(spec):
                 if isinstance(event, TextDelta) and probed_busy is None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from plugins.contract.errors import SwitchyardError
 from plugins.proxy.normalize import StreamNormalizer
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 from plugins.transport.sse import SSEEvent, SSEParser
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"
@@ -84,7 +84,7 @@ def test_any_chunking_of_a_valid_stream_parses_to_the_same_events(data: st.DataO
 
 
 def _spec(kind: str, n: int) -> RequestSpec:
-    return RequestSpec(request_id="fuzz", kind=kind, model="m", upstream_model="m", sampling=SamplingParams(n=n))  # type: ignore[arg-type]
+    return RequestSpec(request_id="fuzz", kind=kind, model="m", upstream_model="m", sampling=Sampling(n=n))  # type: ignore[arg-type]
 
 
 def normalize(pieces: list[bytes], kind: str = "chat", n: int = 1) -> None:

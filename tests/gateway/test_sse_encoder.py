@@ -56,10 +56,10 @@ def test_a_batch_of_one_token_is_what_the_general_loop_writes(chat: bool) -> Non
     """`_StreamState.feed` writes a batch of one plain text delta without its loop: the same bytes
     as the loop gives (the loop runs when a usage event, which writes nothing here, follows)."""
     from gateway.chat_api.encode import _StreamState
-    from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, TokenLogprob
+    from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, TokenLogprob
 
     spec = RequestSpec(request_id="r", kind="chat" if chat else "completion", model="m", upstream_model="m",
-                       sampling=SamplingParams(n=2))
+                       sampling=Sampling(n=2))
     usage = Usage(prompt_tokens=1, completion_tokens=1)
     for event in [TextDelta(text=" t5", index=0), TextDelta(text="ü%d\n", index=1), TextDelta(text="", index=0),
                   TextDelta(text="x", index=0, logprobs=[TokenLogprob(token="x", logprob=-0.5)])]:

@@ -12,14 +12,14 @@ from gateway.keys import NO_RESERVATION
 from gateway.service.request_timer import RequestTimer
 from gateway.chat_api.chunks import ChunkEncoder
 from gateway.service.stream_feed import StreamFeed
-from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta
+from plugins.contract.protocol import RequestSpec, Sampling, TextDelta
 
 TOKENS = [(0, " a"), (1, "é\"\\\n"), (0, "%s %d"), (1, "\u2028 \U0001f600")]
 
 
 def _feed(refuse: int | None = None) -> tuple[StreamFeed, list[bytes], types.SimpleNamespace]:
     """A chat stream's feed whose client write number `refuse` (0-based) is refused once."""
-    spec = RequestSpec(request_id="r", kind="chat", model="m%", upstream_model="u", sampling=SamplingParams(n=2),
+    spec = RequestSpec(request_id="r", kind="chat", model="m%", upstream_model="u", sampling=Sampling(n=2),
                        stream=True, include_usage=True)
     encoder = ChunkEncoder(id="chatcmpl-1", created=7, model="m%", fingerprint="fp", chat=True, include_usage=True)
     written: list[bytes] = []

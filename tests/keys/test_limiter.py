@@ -14,7 +14,7 @@ from gateway.keys.limiter import go_duration
 from gateway.keys.limits import BudgetPeriod, estimate_prompt_tokens, request_cost
 from gateway.keys.redis_store import RedisStore
 from gateway.keys.store import MemoryStore
-from plugins.contract.protocol import RequestSpec, SamplingParams, Usage
+from plugins.contract.protocol import RequestSpec, Sampling, Usage
 from tests.keys.conftest import FakeClock
 from tests.support.server import free_port
 
@@ -110,10 +110,10 @@ async def test_budget_exhausted_is_insufficient_quota(clock: FakeClock) -> None:
 def test_the_reservation_covers_every_choice_and_the_prompt() -> None:
     messages = [{"role": "system", "content": "x" * 40}, {"role": "user", "content": [{"type": "text", "text": "y" * 80}]}]
     spec = RequestSpec(request_id="r", kind="chat", model="m", upstream_model="", messages=messages,
-                       sampling=SamplingParams(n=3, max_tokens=50))
+                       sampling=Sampling(n=3, max_tokens=50))
     assert estimate_prompt_tokens(spec) == 120 // 4 + 2 * 4 + 1
     assert request_cost(spec, max_model_len=4096) == TokenCost(39, 150)
-    unbounded = RequestSpec(request_id="r", kind="completion", model="m", upstream_model="", prompt=[1, 2, 3], sampling=SamplingParams())
+    unbounded = RequestSpec(request_id="r", kind="completion", model="m", upstream_model="", prompt=[1, 2, 3], sampling=Sampling())
     assert request_cost(unbounded, max_model_len=100) == TokenCost(3, 97)  # the rest of the context
     assert request_cost(unbounded, max_model_len=None) == TokenCost(3, 0)
 

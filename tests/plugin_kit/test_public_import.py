@@ -56,3 +56,9 @@ def test_everything_a_plugin_needs_is_exported() -> None:
     assert {"BackendType", "Route", "Target", "hookimpl", "PLUGIN_API_VERSION"} <= set(api.__all__)
     assert all(hasattr(api, name) for name in api.__all__)
     assert registry.BackendType is api.BackendType
+
+
+def test_the_old_name_of_sampling_still_imports() -> None:
+    from switchyard.plugin import Sampling, SamplingParams
+
+    assert SamplingParams is Sampling  # deprecated alias for plugins written against API 1.0's name

@@ -10,7 +10,7 @@ import pytest
 
 from engines.launch import ServerProcess
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.proxy.conftest import MODEL
 from tests.support.probes import wait_until_async
@@ -26,7 +26,7 @@ def test_engine_load_is_scraped_live(engine: str, engine_servers: dict[str, Serv
     backend = (VLLMBackend("v", msgspec.convert(options, VLLMOptions)) if engine == "vllm"
                else LlamaCppBackend("l", msgspec.convert(options, LlamaCppOptions)))
     spec = RequestSpec(request_id="live-load", kind="chat", model=MODEL, upstream_model=MODEL,
-                       sampling=SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True),
+                       sampling=Sampling(temperature=0.0, max_tokens=400, ignore_eos=True),
                        messages=[{"role": "user", "content": "Tell a very long story about trains."}])
 
     async def go() -> None:

@@ -16,7 +16,7 @@ from plugins.contract.errors import (
     SwitchyardError,
     UpstreamError,
 )
-from plugins.contract.protocol import Finish, RequestSpec, SamplingParams, TextDelta, ToolCallDelta, Usage
+from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, ToolCallDelta, Usage
 from plugins.proxy.errors import error_from_body, map_upstream_error
 from plugins.proxy.normalize import StreamNormalizer
 from plugins.transport.sse import SSEParser
@@ -37,7 +37,7 @@ def _asked_usage(rec: Recording) -> bool:
 
 def _spec(rec: Recording) -> RequestSpec:
     return RequestSpec(request_id="t", kind=rec.kind, model="public-name", upstream_model="x",  # type: ignore[arg-type]
-                       sampling=SamplingParams(n=_n(rec)))
+                       sampling=Sampling(n=_n(rec)))
 
 
 def normalize(rec: Recording) -> tuple[list, StreamNormalizer]:
@@ -325,7 +325,7 @@ def test_chunks_read_as_attributes_or_as_dicts_normalize_alike(kind: str, data: 
     """`feed_data` reads a chunk of the usual shape straight into attributes (`_Chunk`), anything
     else as a dict: both give the same events, errors and state, whatever the chunk holds."""
     spec = RequestSpec(request_id="t", kind=kind, model="m", upstream_model="m",  # type: ignore[arg-type]
-                       sampling=SamplingParams(n=2), continuous_usage_stats=True)
+                       sampling=Sampling(n=2), continuous_usage_stats=True)
     outcomes = []
     for read_as_dict in (False, True):
         norm = StreamNormalizer(kind=kind, n=2, backend="b", spec=spec)
@@ -361,7 +361,7 @@ def _plain_or_general(kind: str, data: bytes, *, finished: set[int], content_cal
     """`plain_token(data)` is None, or `(index, text)` where `feed_data(data)` gives exactly
     `[TextDelta(text=text, index=index)]` and leaves the normalizer as it was."""
     spec = RequestSpec(request_id="t", kind=kind, model="m", upstream_model="m",  # type: ignore[arg-type]
-                       sampling=SamplingParams(n=2), continuous_usage_stats=True)
+                       sampling=Sampling(n=2), continuous_usage_stats=True)
     norm = StreamNormalizer(kind=kind, n=2, backend="b", spec=spec, content_calls=content_calls)
     norm.finished |= finished
     token = norm.plain_token(data)

@@ -19,7 +19,7 @@ from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, Upstr
 from plugins.proxy.gbnf import choice_grammar
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
-from plugins.contract.protocol import Finish, RequestSpec, SamplingParams, TextDelta, TokenizeRequest, Usage
+from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, TokenizeRequest, Usage
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import TimeoutOptions
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
@@ -34,7 +34,7 @@ def run(coro: Awaitable[Any]) -> Any:
 
 
 def spec(**kw: Any) -> RequestSpec:
-    sampling = kw.pop("sampling", SamplingParams())
+    sampling = kw.pop("sampling", Sampling())
     base: dict[str, Any] = dict(request_id="req-1", kind="chat", model="public", upstream_model="public",
                                 sampling=sampling, messages=MESSAGES, stream=True)
     base.update(kw)
@@ -250,7 +250,7 @@ def test_the_connection_is_kept_whether_the_body_ended_with_done_or_after_it(ter
 
 
 def test_vllm_body_is_explicit_and_forwards_extensions() -> None:
-    s = spec(upstream_model="smol", sampling=SamplingParams(max_tokens=5, stop=("x",), seed=3, min_tokens=1),
+    s = spec(upstream_model="smol", sampling=Sampling(max_tokens=5, stop=("x",), seed=3, min_tokens=1),
              priority=2, structured_outputs={"choice": ["a", "b"]}, include_usage=False)
     body = vllm("http://u", models={"smol": "served-name"}).build_body(s)
     assert body["model"] == "served-name"
@@ -263,7 +263,7 @@ def test_vllm_body_is_explicit_and_forwards_extensions() -> None:
 
 
 def test_llamacpp_body_translates() -> None:
-    s = spec(sampling=SamplingParams(top_k=5, min_p=0.1, repetition_penalty=1.3, temperature=0.5),
+    s = spec(sampling=Sampling(top_k=5, min_p=0.1, repetition_penalty=1.3, temperature=0.5),
              structured_outputs={"choice": ['Pa"ris', "Lyon"]}, chat_template_kwargs={"x": 1})
     body = llamacpp("http://u").build_body(s)
     assert body["top_k"] == 5 and body["min_p"] == 0.1 and body["repeat_penalty"] == 1.3
@@ -292,10 +292,10 @@ def test_capabilities_refuse_before_sending() -> None:
         check_capabilities(spec(priority=1, extensions=frozenset({"priority"})), caps, "l")
     assert info.value.param == "priority"
     with pytest.raises(InvalidRequest, match="at most 1"):
-        check_capabilities(spec(sampling=SamplingParams(n=2)), caps, "l")
+        check_capabilities(spec(sampling=Sampling(n=2)), caps, "l")
     check_capabilities(spec(extensions=frozenset({"top_k", "min_p", "repetition_penalty"})), caps, "l")
     vcaps = vllm("http://u").capabilities()
-    check_capabilities(spec(priority=1, extensions=frozenset({"priority", "top_k"}), sampling=SamplingParams(n=3)), vcaps, "v")
+    check_capabilities(spec(priority=1, extensions=frozenset({"priority", "top_k"}), sampling=Sampling(n=3)), vcaps, "v")
     ocaps = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u")).capabilities()
     with pytest.raises(InvalidRequest, match="top_k"):
         check_capabilities(spec(extensions=frozenset({"top_k"})), ocaps, "o")
@@ -303,17 +303,17 @@ def test_capabilities_refuse_before_sending() -> None:
 
 def test_openai_compatible_body_has_no_extensions() -> None:
     backend = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u", max_tokens_field="max_completion_tokens"))
-    body = backend.build_body(spec(sampling=SamplingParams(max_tokens=7)))
+    body = backend.build_body(spec(sampling=Sampling(max_tokens=7)))
     assert body["max_completion_tokens"] == 7 and "max_tokens" not in body
     assert not {"top_k", "min_p", "repetition_penalty", "priority"} & set(body)
     with_ext = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u", extensions=["top_k", "min_p"]))
-    body = with_ext.build_body(spec(sampling=SamplingParams(top_k=3), extensions=frozenset({"top_k"})))
+    body = with_ext.build_body(spec(sampling=Sampling(top_k=3), extensions=frozenset({"top_k"})))
     assert body["top_k"] == 3 and body["min_p"] == 0.0
 
 
 def test_a_body_using_no_extension_is_the_same_bytes_on_a_backend_that_forwards_them() -> None:
     backend = OpenAICompatibleBackend("o", OpenAICompatibleOptions(base_url="http://u", extensions=["top_k", "min_p", "priority"]))
-    body = backend.build_body(spec(model="m", upstream_model="m", sampling=SamplingParams(max_tokens=5, top_k=4), priority=3,
+    body = backend.build_body(spec(model="m", upstream_model="m", sampling=Sampling(max_tokens=5, top_k=4), priority=3,
                                    messages=[{"role": "user", "content": "hi"}]))
     assert msgspec.json.encode(body) == (
         b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},'

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import parse_config
 from gateway.service.gateway import Gateway
-from plugins.contract.protocol import RequestSpec, SamplingParams
+from plugins.contract.protocol import RequestSpec, Sampling
 from tests.support.server import _toml, echo_config
 
 
@@ -50,7 +50,7 @@ def spec(model: str, text: str = "hello big world", **fields: Any) -> RequestSpe
         kind="chat",
         model=model,
         upstream_model="",
-        sampling=SamplingParams(),
+        sampling=Sampling(),
         messages=[{"role": "user", "content": text}],
         **fields,
     )

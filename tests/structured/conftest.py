@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
-from plugins.contract.protocol import Event, RequestSpec, SamplingParams
+from plugins.contract.protocol import Event, RequestSpec, Sampling
 from tests.support.server import running_server
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -50,7 +50,7 @@ def backend(tiny_model_dir: Path) -> Iterator[BuiltinBackend]:
 
 
 def chat_spec(**fields: Any) -> RequestSpec:
-    sampling = fields.pop("sampling", SamplingParams(temperature=1.0, seed=7, max_tokens=120))
+    sampling = fields.pop("sampling", Sampling(temperature=1.0, seed=7, max_tokens=120))
     base: dict[str, Any] = {"request_id": "req", "kind": "chat", "model": "tiny", "upstream_model": "tiny",
                             "messages": MESSAGES}
     base.update(fields)

@@ -15,7 +15,7 @@ import pytest
 from builtin_engine.text.structured import GrammarCompiler, choice_ebnf, grammar_spec
 from plugins.builtin.backend import BuiltinBackend
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import Finish, SamplingParams, TextDelta
+from plugins.contract.protocol import Finish, Sampling, TextDelta
 from tests.structured.conftest import chat_spec, collect, run
 
 N = 50
@@ -76,7 +76,7 @@ SCHEMAS = {"person": PERSON, "order": ORDER, "event": EVENT}
 
 
 def texts_and_finishes(backend: BuiltinBackend, n: int = N, max_tokens: int = 160, **fields: Any) -> list[tuple[str, str]]:
-    spec = chat_spec(sampling=SamplingParams(n=n, temperature=1.0, seed=11, max_tokens=max_tokens), **fields)
+    spec = chat_spec(sampling=Sampling(n=n, temperature=1.0, seed=11, max_tokens=max_tokens), **fields)
     events = run(collect(backend, spec))
     texts = [""] * n
     finishes = [""] * n
@@ -143,7 +143,7 @@ def test_grammar(backend: BuiltinBackend, grammar: str) -> None:
 
 def test_completions_are_constrained_too(backend: BuiltinBackend) -> None:
     spec = chat_spec(kind="completion", messages=None, prompt="Answer:", structured_outputs={"choice": ["A", "B"]},
-                     sampling=SamplingParams(n=8, temperature=1.0, seed=2, max_tokens=5))
+                     sampling=Sampling(n=8, temperature=1.0, seed=2, max_tokens=5))
     events = run(collect(backend, spec))
     texts = [""] * 8
     for e in events:
@@ -155,7 +155,7 @@ def test_completions_are_constrained_too(backend: BuiltinBackend) -> None:
 def test_min_tokens_and_stop_token_ids_with_a_grammar(backend: BuiltinBackend) -> None:
     # min_tokens longer than any choice: once the grammar may only end, it wins over the EOS ban
     spec = chat_spec(structured_outputs={"choice": ["ok", "fine"]},
-                     sampling=SamplingParams(n=8, temperature=1.0, seed=5, max_tokens=20, min_tokens=10))
+                     sampling=Sampling(n=8, temperature=1.0, seed=5, max_tokens=20, min_tokens=10))
     events = run(collect(backend, spec))
     texts = [""] * 8
     for e in events:
@@ -164,7 +164,7 @@ def test_min_tokens_and_stop_token_ids_with_a_grammar(backend: BuiltinBackend) -
     assert set(texts) <= {"ok", "fine"}, texts
     assert {e.reason for e in events if isinstance(e, Finish)} == {"stop"}
     # a stop token id of the request ends the grammar too (it joins the model's EOS ids)
-    spec = chat_spec(structured_outputs={"regex": "[a-z]{1,3}"}, sampling=SamplingParams(
+    spec = chat_spec(structured_outputs={"regex": "[a-z]{1,3}"}, sampling=Sampling(
         n=4, temperature=1.0, seed=5, max_tokens=20, stop_token_ids=(3,)))
     events = run(collect(backend, spec))
     assert {e.reason for e in events if isinstance(e, Finish)} == {"stop"}
@@ -204,7 +204,7 @@ def test_compiled_grammars_are_cached(backend: BuiltinBackend) -> None:
     assert compiler is not None
     count = compiler.num_compiled
     for seed in range(3):
-        spec = chat_spec(structured_outputs={"json": dict(schema)}, sampling=SamplingParams(seed=seed, max_tokens=20))
+        spec = chat_spec(structured_outputs={"json": dict(schema)}, sampling=Sampling(seed=seed, max_tokens=20))
         run(collect(backend, spec))
     assert compiler.num_compiled == count
 

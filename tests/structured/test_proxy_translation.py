@@ -21,7 +21,7 @@ from plugins.contract.protocol import (
     Capabilities,
     Finish,
     RequestSpec,
-    SamplingParams,
+    Sampling,
     TextDelta,
     ToolCallDelta,
 )
@@ -34,7 +34,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 def spec(**fields: object) -> RequestSpec:
     base = {"request_id": "r", "kind": "chat", "model": "m", "upstream_model": "m",
-            "messages": [{"role": "user", "content": "hi"}], "sampling": SamplingParams(max_tokens=8)}
+            "messages": [{"role": "user", "content": "hi"}], "sampling": Sampling(max_tokens=8)}
     base.update(fields)
     return RequestSpec(**base)  # type: ignore[arg-type]
 

@@ -22,7 +22,7 @@ from builtin_engine.process import calls
 from builtin_engine import errors as engine_errors
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
 from plugins.contract.errors import ConfigError, UpstreamError
-from plugins.contract.protocol import RequestSpec, SamplingParams, TextDelta, TokenizeRequest
+from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, TokenizeRequest
 from tests.gateway.helpers import assert_error_shape, data_events
 from tests.support.probes import metric, wait_until
 from tests.support.server import ROOT
@@ -38,7 +38,7 @@ def options(model_dir: Path, **extra: Any) -> BuiltinOptions:
 
 
 def spec(**fields: Any) -> RequestSpec:
-    sampling = fields.pop("sampling", SamplingParams(temperature=0.0, max_tokens=12))
+    sampling = fields.pop("sampling", Sampling(temperature=0.0, max_tokens=12))
     base: dict[str, Any] = {"request_id": "req", "kind": "chat", "model": "tiny", "upstream_model": "tiny", "messages": MESSAGES}
     return RequestSpec(sampling=sampling, **{**base, **fields})
 
@@ -53,14 +53,14 @@ async def outcome(backend: BuiltinBackend, request: RequestSpec) -> Any:
 
 REQUESTS = [
     spec(),
-    spec(sampling=SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True), priority=-1),
-    spec(sampling=SamplingParams(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.2, seed=3, max_tokens=10,
+    spec(sampling=Sampling(n=2, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True), priority=-1),
+    spec(sampling=Sampling(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.2, seed=3, max_tokens=10,
                                  logprobs=True, top_logprobs=3, stop=("e",), logit_bias={5: 2.0})),
     spec(kind="completion", messages=None, prompt="Hello, world", echo=True,
-         sampling=SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)),
-    spec(kind="completion", messages=None, prompt=[1, 2, 3, 40, 50], sampling=SamplingParams(temperature=0.0, max_tokens=4)),
-    spec(structured_outputs={"choice": ["Paris", "Lyon"]}, sampling=SamplingParams(temperature=1.0, seed=1, max_tokens=10)),
-    spec(sampling=SamplingParams(max_tokens=5000)),  # context length: an error before anything is scheduled
+         sampling=Sampling(temperature=0.0, max_tokens=6, ignore_eos=True)),
+    spec(kind="completion", messages=None, prompt=[1, 2, 3, 40, 50], sampling=Sampling(temperature=0.0, max_tokens=4)),
+    spec(structured_outputs={"choice": ["Paris", "Lyon"]}, sampling=Sampling(temperature=1.0, seed=1, max_tokens=10)),
+    spec(sampling=Sampling(max_tokens=5000)),  # context length: an error before anything is scheduled
     spec(structured_outputs={"regex": "(unclosed"}),  # a grammar the engine cannot compile: 400
 ]
 
@@ -111,14 +111,14 @@ def test_same_events_as_in_process_and_no_torch_on_the_gateway_side(tiny_model_d
             client = textwrap.dedent(f"""
                 import asyncio, sys, msgspec
                 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
-                from plugins.contract.protocol import RequestSpec, SamplingParams
+                from plugins.contract.protocol import RequestSpec, Sampling
                 async def main():
                     opts = msgspec.convert({{"model": {str(tiny_model_dir)!r}, "served_model_name": "tiny",
                                              "engine_address": {remote.supervisor.address!r}}}, BuiltinOptions)
                     backend = BuiltinBackend("local", opts)
                     await backend.start()
                     spec = RequestSpec(request_id="r", kind="chat", model="tiny", upstream_model="tiny",
-                                       messages=[{{"role": "user", "content": "hi"}}], sampling=SamplingParams(max_tokens=3))
+                                       messages=[{{"role": "user", "content": "hi"}}], sampling=Sampling(max_tokens=3))
                     events = [e async for e in backend.generate(spec)]
                     await backend.close()
                     assert type(events[-1]).__name__ == "Usage", events
@@ -140,7 +140,7 @@ def test_abort_through_the_process_boundary_within_100_ms(tiny_model_dir: Path) 
     engine process within 100 ms of the `Abort` leaving this process: the engine measures it
     from the sender's clock (one monotonic clock per machine). Five trials among 8 running
     streams, the median is held to the bound (one trial can meet a descheduled core)."""
-    long = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
+    long = Sampling(temperature=0.0, max_tokens=1500, ignore_eos=True)
 
     async def main() -> list[float]:
         backend = BuiltinBackend("local", options(tiny_model_dir, engine_process=True))
@@ -302,7 +302,7 @@ def test_replies_are_never_left_waiting_while_calls_cross(tiny_model_dir: Path) 
         backend = BuiltinBackend("local", options(tiny_model_dir, engine_process=True))
         await backend.start()
         engine = backend.engine
-        short = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+        short = Sampling(temperature=0.0, max_tokens=100, ignore_eos=True)
 
         async def stream(i: int) -> None:
             async for _ in backend.generate(spec(request_id=f"s{i}", sampling=short)):
