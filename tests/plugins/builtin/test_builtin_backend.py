@@ -69,7 +69,7 @@ def test_hook_options_and_lazy_imports(tmp_path: Path) -> None:
     assert BuiltinBackend("b", BuiltinOptions()).served_model_name == "smollm2-135m-instruct"
     assert BuiltinBackend("b", BuiltinOptions(model=str(tmp_path))).served_model_name == tmp_path.name
     code = "import sys, plugins.builtin.backend; sys.exit('torch' in sys.modules or 'builtin_engine.engine' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2]).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[3]).returncode == 0
 
 
 def test_engine_knows_every_protocol_sampling_field() -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from builtin_engine.text.detokenizer import IncrementalDetokenizer
 from builtin_engine.text.tokenizer import Tokenizer
-from tests.engine_text.samples import byte_level_ids
+from tests.builtin_engine.text.samples import byte_level_ids
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"
 PROFILE = settings(max_examples=2000 if LONG else 150, deadline=None,

@@ -17,7 +17,7 @@ from builtin_engine.config import EngineConfig
 from builtin_engine.runner.device import DeviceError, resolve_placement
 from plugins.builtin.backend import BuiltinOptions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without a GPU")
 
 

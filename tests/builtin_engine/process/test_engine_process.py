@@ -26,7 +26,7 @@ from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, Tokenize
 from tests.gateway.helpers import assert_error_shape, data_events
 from tests.support.probes import metric, wait_until
 from tests.support.server import ROOT
-from tests.workers.server import serving
+from tests.support.process_tree import serving
 
 MESSAGES = [{"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "What is the capital of France?"}]

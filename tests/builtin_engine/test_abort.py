@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from builtin_engine.scheduling.sampling_params import SamplingParams
-from tests.engine.conftest import collect
+from tests.builtin_engine.conftest import collect
 
 MAX_NEW = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)

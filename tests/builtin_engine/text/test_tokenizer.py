@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from builtin_engine.text.tokenizer import Tokenizer, TokenizerError
-from tests.engine_text.samples import TEXTS, make_spm_tokenizer, make_wordpiece_tokenizer
+from tests.builtin_engine.text.samples import TEXTS, make_spm_tokenizer, make_wordpiece_tokenizer
 from tests.fixtures_models import BOS, EOS, EOT
 
 

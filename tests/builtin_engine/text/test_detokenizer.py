@@ -10,7 +10,7 @@ import pytest
 
 from builtin_engine.text.detokenizer import IncrementalDetokenizer
 from builtin_engine.text.tokenizer import Tokenizer
-from tests.engine_text.samples import TEXTS, byte_level_ids, make_spm_tokenizer, make_wordpiece_tokenizer
+from tests.builtin_engine.text.samples import TEXTS, byte_level_ids, make_spm_tokenizer, make_wordpiece_tokenizer
 from tests.fixtures_models import EOT
 
 REPLACEMENT = "\ufffd"

@@ -15,7 +15,7 @@ from builtin_engine.output_processor import ChoiceState
 from builtin_engine.runner.sampler import Sampler, prepare_sampling_metadata
 from builtin_engine.scheduling.sampling_params import SamplingParams
 from builtin_engine.scheduling.sequence import Sequence
-from tests.engine.conftest import collect
+from tests.builtin_engine.conftest import collect
 
 
 def run_one(engine, prompt: list[int], params: SamplingParams, *, mates: list[tuple[list[int], SamplingParams]] = (),

@@ -12,7 +12,7 @@ import torch
 
 from builtin_engine.config import EngineConfig
 from builtin_engine.scheduling.sampling_params import SamplingParams
-from tests.engine.conftest import collect
+from tests.builtin_engine.conftest import collect
 
 
 def test_projections_in_bfloat16_the_rest_in_float32(make_engine) -> None:  # noqa: ANN001

@@ -12,7 +12,7 @@ import torch
 
 from builtin_engine.errors import UnsupportedModelError
 from builtin_engine.model.loader import load_weights, read_model_config
-from tests.engine.conftest import HFReference, collect
+from tests.builtin_engine.conftest import HFReference, collect
 
 PROMPTS = [[5, 17, 300, 2, 9, 44, 81], [7, 7, 8, 120, 3]]
 

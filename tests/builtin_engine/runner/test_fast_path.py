@@ -17,8 +17,8 @@ from builtin_engine.scheduling.sequence import Sequence
 from builtin_engine.runner.step_graph import CompiledStep
 from builtin_engine.runner.device import resolve_placement
 from builtin_engine.scheduling.sampling_params import SamplingParams
-from tests.engine.conftest import HFReference, collect
-from tests.engine.test_hf_parity import TINY_LENGTHS, make_prompts, run_staggered
+from tests.builtin_engine.conftest import HFReference, collect
+from tests.builtin_engine.test_hf_parity import TINY_LENGTHS, make_prompts, run_staggered
 
 if not resolve_placement("cpu", "bfloat16").compile:
     pytest.skip("no C++ compiler or no C++ CPU kernels: the fast path runs eagerly", allow_module_level=True)

@@ -11,7 +11,7 @@ import pytest
 
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.scheduling.sampling_params import SamplingParams
-from tests.engine.conftest import collect
+from tests.builtin_engine.conftest import collect
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 

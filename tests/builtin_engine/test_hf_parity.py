@@ -18,7 +18,7 @@ import pytest
 
 import kernels
 from builtin_engine.scheduling.sampling_params import SamplingParams
-from tests.engine.conftest import HFReference, collect
+from tests.builtin_engine.conftest import HFReference, collect
 
 MAX_NEW = 12
 EAGER_AND_COMPILED = pytest.mark.parametrize("compile", [
