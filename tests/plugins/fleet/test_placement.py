@@ -1,0 +1,161 @@
+"""The placement policies and the prefix index, on plain candidates: bounded memory,
+determinism, spreading distinct prefixes, following a prefix, the load margin, staleness."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+from plugins.fleet.balance import make_balancer
+from plugins.fleet.balance.prefix_index import PrefixIndex, prompt_blocks
+from plugins.fleet.load_signals import LoadSnapshot
+from plugins.fleet.options import PrefixCacheOptions
+from plugins.fleet.replica import Replica
+from plugins.transport.http1 import Pool
+from tests.plugins.fleet.conftest import chat, tenant_prompt
+
+
+@dataclass(eq=False)
+class Fake:
+    name: str
+    busy: float = 0.0
+    in_flight: int = 0
+    weight: float = 1.0
+
+    def load(self) -> float:
+        return self.busy
+
+    def kv_cache_usage(self) -> float:
+        return 0.0
+
+    def cache_tokens(self) -> int | None:
+        return None
+
+
+def fleet(n: int) -> list[Fake]:
+    return [Fake(f"r{i}") for i in range(n)]
+
+
+def deep_size(index: PrefixIndex) -> int:
+    """The bytes the index's tables hold: each replica's OrderedDict (its hash table and linked
+    nodes, as `sys.getsizeof` counts them) and every key it keeps."""
+    return sum(sys.getsizeof(lru) + sum(sys.getsizeof(k) for k in lru) for lru in index._lru.values())
+
+
+def test_index_stays_under_its_byte_cap_with_100000_distinct_prompts() -> None:
+    cap = 4 * 1024 * 1024
+    index = PrefixIndex(max_bytes=cap)
+    rng = random.Random(7)
+    replicas = [f"http://10.0.0.{i}:8000" for i in range(8)]
+    newest: list[int] = []
+    peak = 0
+    for i in range(100_000):
+        newest = prompt_blocks(chat(f"{i}: " + "x" * rng.randint(100, 1200), system=f"tenant {i % 1000}"), 128)
+        index.insert(replicas[i % len(replicas)], newest)
+        if i % 10_000 == 9_999:
+            peak = max(peak, deep_size(index))
+    assert index.approx_bytes <= cap
+    assert peak <= cap, f"the index held {peak} bytes, over its {cap}-byte cap"
+    assert peak > cap // 2  # and it is filled: the cap, not a bug, bounds it
+    # the newest prompts are still found, the oldest are gone
+    assert index.match(replicas[99_999 % 8], newest) == len(newest)
+    first = prompt_blocks(chat("0: " + "x" * random.Random(7).randint(100, 1200), system="tenant 0"), 128)
+    assert index.match(replicas[0], first) == 0
+
+
+def test_per_replica_horizon_evicts_a_chain_tail_first() -> None:
+    index = PrefixIndex(max_bytes=1 << 20, per_replica_blocks=10)
+    old = prompt_blocks(chat("a" * 128 * 8), 128)
+    new = prompt_blocks(chat("b" * 128 * 6), 128)
+    index.insert("r", old)
+    index.insert("r", new)
+    assert index.num_blocks("r") == 10
+    assert index.match("r", new) == len(new)
+    assert 0 < index.match("r", old) < len(old)  # the old chain kept its head
+
+
+def trace(seed: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randrange(8), rng.randrange(40)) for _ in range(600)]
+
+
+def replay(balance: str, seed: int) -> list[str]:
+    balancer = make_balancer(balance, PrefixCacheOptions(load_margin=2))
+    candidates = fleet(4)
+    chosen = []
+    for step, (tenant, conversation) in enumerate(trace(seed)):
+        for c in candidates:  # a load pattern that depends only on the trace
+            c.busy = float((step + int(c.name[1:])) % 3)
+        spec = chat(f"conversation {conversation} turn", system=tenant_prompt(tenant, 1200))
+        chosen.append(balancer.choose(spec, candidates).candidate.name)
+    return chosen
+
+
+def test_decisions_are_deterministic_for_a_fixed_trace() -> None:
+    for balance in ("prefix_cache", "least_load", "round_robin", "least_busy"):
+        first = replay(balance, 3)
+        assert replay(balance, 3) == first, balance
+    assert replay("prefix_cache", 3) != replay("prefix_cache", 4)
+
+
+def test_distinct_prefixes_spread_over_idle_candidates_and_follow_their_first() -> None:
+    balancer = make_balancer("prefix_cache")
+    candidates = fleet(3)
+    first = {t: balancer.choose(chat("hello", system=tenant_prompt(t)), candidates) for t in range(5)}
+    assert {c.candidate.name for c in first.values()} == {"r0", "r1", "r2"}
+    assert all(c.reason == "prefix_miss" for c in first.values())
+    for turn in range(3):
+        for t in range(5):
+            later = balancer.choose(chat(f"question {turn}", system=tenant_prompt(t)), candidates)
+            assert later == (first[t].candidate, "prefix_hit")
+
+
+def test_a_shared_short_preamble_does_not_pull_every_tenant_to_one_replica() -> None:
+    balancer = make_balancer("prefix_cache")
+    candidates = fleet(3)
+    preamble = "You are the assistant of ACME Rail. " * 12  # ~400 characters every tenant shares
+    chosen = {balancer.choose(chat("hi", system=preamble + tenant_prompt(t, 2000)), candidates).candidate.name for t in range(3)}
+    assert chosen == {"r0", "r1", "r2"}
+
+
+def test_same_prefix_together_stays_unless_overloaded() -> None:
+    balancer = make_balancer("prefix_cache", PrefixCacheOptions(load_margin=2))
+    candidates = fleet(3)
+    system = tenant_prompt(1)
+    home = balancer.choose(chat("q", system=system), candidates).candidate
+    for burst in range(2):  # arrivals while home works: within the margin they follow
+        home.busy += 1
+        assert balancer.choose(chat(f"q{burst}", system=system), candidates).candidate is home
+    home.busy += 1  # 3 above the idle ones: over the margin
+    spill = balancer.choose(chat("q3", system=system), candidates)
+    assert spill.candidate is not home and spill.reason == "prefix_overloaded"
+
+
+def test_round_robin_least_busy_least_load() -> None:
+    candidates = fleet(3)
+    rr = make_balancer("round_robin")
+    assert [rr.choose(chat("x"), candidates).candidate.name for _ in range(6)] == ["r0", "r1", "r2"] * 2
+    busy = make_balancer("least_busy")
+    assert [busy.choose(chat("x"), candidates).candidate.name for _ in range(6)] == ["r0", "r1", "r2"] * 2  # ties go round
+    candidates[0].in_flight, candidates[1].in_flight, candidates[2].in_flight = 3, 1, 2
+    assert make_balancer("least_busy").choose(chat("x"), candidates).candidate.name == "r1"
+    candidates[0].busy, candidates[1].busy, candidates[2].busy = 0.0, 5.0, 5.0
+    least = make_balancer("least_load")
+    picks = [least.choose(chat("x"), candidates).candidate.name for _ in range(60)]
+    # power of two choices: r0 whenever it is one of the two drawn (2 in 3 draws), else one of the
+    # loaded pair — never a pure minimum that every gateway would pile onto between scrapes
+    assert 30 <= picks.count("r0") < 60 and {"r1", "r2"} & set(picks)
+
+
+def test_a_stale_load_signal_falls_back_to_the_gateway_in_flight_count() -> None:
+    replica = Replica(url="http://127.0.0.1:9", pool=Pool("http://127.0.0.1:9"), stale_after_s=3.0)
+    replica.in_flight = 2
+    replica.observe(LoadSnapshot(running=5.0, waiting=4.0, at=time.monotonic()))
+    replica.begin("least_load")  # sent since the scrape: counted on top of what the engine said
+    assert replica.load() == 10.0
+    replica.end("ok")
+    assert replica.load() == 9.0
+    replica.observe(LoadSnapshot(running=5.0, waiting=4.0, at=time.monotonic() - 3.5))  # older than 3 intervals
+    assert replica.load() == 2.0
