@@ -43,3 +43,8 @@ def data_events(raw: bytes) -> list[Any]:
         payload = event[len(b"data: ") :]
         out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return out
+
+
+def data_of(raw: bytes) -> list:
+    assert raw.endswith(b"\n\n"), raw[-200:]
+    return [block[6:].decode() if block == b"data: [DONE]" else json.loads(block[6:]) for block in raw[:-2].split(b"\n\n")]

@@ -16,7 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.keys.gateways import BUDGET, BURST, PARALLEL, PLAIN, RESPONSES, STREAM, TOKENS, chat, limits_config, usage_of
+from tests.gateway.keys.conftest import redis, redis_session  # noqa: F401 - fixtures
+from tests.gateway.keys.gateways import BUDGET, BURST, PARALLEL, PLAIN, RESPONSES, STREAM, TOKENS, chat, limits_config, usage_of
 from tests.support.probes import wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.server import ROOT, running_server

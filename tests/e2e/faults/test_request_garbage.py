@@ -19,8 +19,8 @@ from plugins.proxy.stream import UpstreamEvents
 from plugins.proxy.upstream import BodyPieces
 from plugins.transport.sse import SSEParser
 from plugins.proxy.normalize import StreamNormalizer
-from tests.faults.conftest import ENGINES, chat
-from tests.faults.harness import GatewayThread
+from tests.support.fault_gateway import ENGINES, chat
+from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until
 
 PER_REQUEST = (Observed, StreamFeed, ChunkEncoder, UpstreamEvents, BodyPieces, Response, SSEParser, StreamNormalizer)

@@ -11,7 +11,7 @@ import pytest
 from gateway.keys.limits import BudgetPeriod, KeyLimits
 from gateway.keys.redis_store import RedisStore
 from gateway.keys.store import MemoryStore, StateStore
-from tests.keys.conftest import FakeClock
+from tests.gateway.keys.conftest import FakeClock
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio

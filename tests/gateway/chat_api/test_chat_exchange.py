@@ -14,9 +14,9 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from gateway.chat_api.exchange import ChatExchange
-from tests.faults.conftest import chat
-from tests.faults.harness import GatewayThread
-from tests.faults.test_pushed_stream import data_of
+from tests.gateway.helpers import data_of
+from tests.support.fault_gateway import after_each_row, chat, gw, plain_gw, upstream  # noqa: F401 - fixtures
+from tests.support.gateway_thread import GatewayThread
 from tests.support.faulty_upstream import FaultyUpstream
 from tests.support.probes import wait_until
 

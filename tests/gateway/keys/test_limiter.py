@@ -15,7 +15,7 @@ from gateway.keys.limits import BudgetPeriod, estimate_prompt_tokens, request_co
 from gateway.keys.redis_store import RedisStore
 from gateway.keys.store import MemoryStore
 from plugins.contract.protocol import RequestSpec, Sampling, Usage
-from tests.keys.conftest import FakeClock
+from tests.gateway.keys.conftest import FakeClock
 from tests.support.server import free_port
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.keys.gateways import BURST, STREAM, chat, limits_config
+from tests.gateway.keys.gateways import BURST, STREAM, chat, limits_config
 from tests.support.probes import wait_until
 from tests.support.redis_server import INSTALL_HINT, RedisServer, redis_installed
 from tests.support.server import running_server

@@ -23,7 +23,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.faults.conftest import ENGINES, FIRST_BYTE_S, IDLE_S, chat
+from tests.support.fault_gateway import ENGINES, FIRST_BYTE_S, IDLE_S, chat
 from tests.support.probes import wait_until
 from tests.gateway.helpers import assert_error_shape
 from tests.support.faulty_upstream import FaultyUpstream

@@ -17,8 +17,9 @@ import pytest
 
 from gateway.service.stream_feed import StreamFeed
 from plugins.proxy.stream import UpstreamEvents
-from tests.faults.conftest import ENGINES, IDLE_S, chat, fault_config
-from tests.faults.harness import GatewayThread
+from tests.gateway.helpers import data_of
+from tests.support.fault_gateway import ENGINES, IDLE_S, chat, fault_config
+from tests.support.gateway_thread import GatewayThread
 from tests.support.faulty_upstream import FaultyUpstream
 from tests.support.probes import wait_until
 from tests.support.server import free_port
@@ -61,11 +62,6 @@ def sse(base: str, path: str, body: dict) -> bytes:
             assert r.status_code == 200
             raw = r.read()
     return _IDS.sub(b"0", raw)
-
-
-def data_of(raw: bytes) -> list:
-    assert raw.endswith(b"\n\n"), raw[-200:]
-    return [block[6:].decode() if block == b"data: [DONE]" else json.loads(block[6:]) for block in raw[:-2].split(b"\n\n")]
 
 
 WORDS = " ".join(f"w{i}" for i in range(12))

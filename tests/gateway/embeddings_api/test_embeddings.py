@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.frontends.conftest import KEY, Server, wait_idle
+from tests.gateway.script_server import KEY, Server, wait_idle
 from tests.support.probes import wait_until
 from tests.support.script_backend import EMBEDDING_SIZE
 

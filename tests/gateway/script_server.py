@@ -1,4 +1,5 @@
-"""Fixtures for the new front-ends' contract tests (Anthropic Messages, embeddings): one real
+"""Fixtures for the new front-ends' contract tests (Anthropic Messages, embeddings), imported by
+the conftests of tests/gateway/messages_api and tests/gateway/embeddings_api: one real
 server (a subprocess on a free loopback port) serving the scripted test backend
 (`tests.support.script_backend`) under three names:
 - `script` (model `claude-echo`): every extension, no delay, embeddings with `dimensions`;

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.frontends.conftest import KEY, MAX_BODY_BYTES, Server, wait_idle
+from tests.gateway.script_server import KEY, MAX_BODY_BYTES, Server, wait_idle
 from tests.support.probes import wait_until
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",

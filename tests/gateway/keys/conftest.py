@@ -1,5 +1,6 @@
 """Fixtures for the per-key limit tests: a real redis-server on a free loopback port (one per
-session, emptied before each test that asks for it), and a clock the tests move by hand."""
+session, emptied before each test that asks for it), and a clock the tests move by hand.
+tests/e2e/test_limits_e2e.py imports the Redis fixtures (and so starts a redis-server of its own)."""
 
 from __future__ import annotations
 

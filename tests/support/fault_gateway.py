@@ -1,6 +1,8 @@
 """The fault matrix's fixtures: one faulty upstream process, one gateway (in a thread of the
 test process, so its tasks and pools can be inspected) whose `vllm` and `llamacpp` backends
-point at that upstream, and two more backends of the same types pointing at a closed port."""
+point at that upstream, and two more backends of the same types pointing at a closed port.
+A test module gets them by importing them (tests/e2e/faults/conftest.py does, for its folder),
+`after_each_row` with them: it checks every test of the module."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.faults.harness import GatewayThread
+from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until
 from tests.support import faulty_upstream
 from tests.support.faulty_upstream import FaultyUpstream

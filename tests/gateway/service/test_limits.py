@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.harness import GatewayThread
+from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until
 from tests.gateway.conftest import backend_table
 from tests.gateway.helpers import assert_error_shape, chat_body
