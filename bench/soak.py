@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.load.sse_client import post  # noqa: E402
+from tests.support.sse_client import post  # noqa: E402
 from tests.support import faulty_upstream  # noqa: E402
 from tests.support.server import free_port  # noqa: E402
 

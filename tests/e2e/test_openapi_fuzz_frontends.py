@@ -11,7 +11,7 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 
-from tests.fuzz.test_openapi_fuzz import CHECKS, _settings  # noqa: E402
+from tests.e2e.test_openapi_fuzz import CHECKS, _settings  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
 from tests.support.server import echo_config  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 from engines.launch import ServerProcess
 from switchyard.testing import Subject, run_battery
-from tests.proxy.conftest import CONTEXT, MODEL, public_name
+from tests.e2e.real_engines.conftest import CONTEXT, MODEL, public_name
 
 BACKENDS = ("builtin", "builtin_engine_process", "vllm", "llamacpp", "openai_compatible")
 UPSTREAM = {"vllm": "vllm", "llamacpp": "llamacpp", "openai_compatible": "vllm"}

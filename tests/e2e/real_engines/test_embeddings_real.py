@@ -21,7 +21,7 @@ import pytest
 
 from engines import install
 from engines.launch import start_llamacpp, start_vllm
-from tests.proxy.conftest import CONTEXT, EXTERNAL_ENV, MODEL
+from tests.e2e.real_engines.conftest import CONTEXT, EXTERNAL_ENV, MODEL
 from tests.support.server import running_server
 
 HIDDEN_SIZE = 576  # the default model's

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from engines.launch import ServerProcess
-from tests.proxy.conftest import CONTEXT, MODEL
+from tests.e2e.real_engines.conftest import CONTEXT, MODEL
 from tests.support.server import running_server
 
 GREEDY = {"temperature": 0}

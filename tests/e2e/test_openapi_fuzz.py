@@ -41,7 +41,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 STORE = f'[responses]\nsqlite_path = "{tempfile.mkdtemp()}/responses.sqlite3"\n\n'
 CONFIG = "[server]\nmax_n = 4\nmax_messages = 64\n\n" + STORE + echo_config(models=["echo-1", "org/echo-2"], max_model_len=512).replace(
-    'modules = ["tests.support.echo_backend"]', 'modules = ["tests.fuzz.fuzz_backend"]'
+    'modules = ["tests.support.echo_backend"]', 'modules = ["tests.e2e.fuzz_backend"]'
 ).replace('type = "echo"', 'type = "fuzz_echo"')
 APP = create_app(parse_config(CONFIG, "<fuzz>"))
 SCHEMA = schemathesis.openapi.from_asgi("/schema/openapi.json", APP)

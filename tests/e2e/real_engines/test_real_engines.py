@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from engines.launch import ServerProcess
-from tests.proxy.conftest import CONTEXT, MODEL, public_name
+from tests.e2e.real_engines.conftest import CONTEXT, MODEL, public_name
 
 
 FRANCE = [
@@ -221,7 +221,7 @@ def test_same_shape_with_the_builtin_engine(engine_servers: dict[str, Any], tmp_
     streams the same chunk shape and usage fields as the proxied ones."""
     import importlib.util
 
-    from tests.proxy.conftest import gateway_config
+    from tests.e2e.real_engines.conftest import gateway_config
     from tests.support.server import running_server
 
     if importlib.util.find_spec("plugins.builtin.backend") is None:

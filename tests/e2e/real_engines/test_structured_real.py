@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.proxy.conftest import public_name
+from tests.e2e.real_engines.conftest import public_name
 
 ASK_JSON = [{"role": "system", "content": "You answer in JSON."},
             {"role": "user", "content": "Describe a fictional person: name, age and city."}]

@@ -1,6 +1,7 @@
 """A lean HTTP/1.1 client on raw asyncio streams for load: POST JSON, read a chunked SSE (or
 a plain JSON) answer. Much cheaper per chunk than a general client, so that on a small machine
-the gateway, not the client, is what a load run measures. Used by tests/load and bench/soak.py."""
+the gateway, not the client, is what a load run measures. Used by
+tests/e2e/test_concurrent_streams.py and bench/soak.py."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.proxy.conftest import public_name
-from tests.proxy.test_structured_real import PERSON, WEATHER, jinja_client  # noqa: F401 - a fixture
+from tests.e2e.real_engines.conftest import public_name
+from tests.e2e.real_engines.test_structured_real import PERSON, WEATHER, jinja_client  # noqa: F401 - a fixture
 
 FRANCE = "What is the capital of France?"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.load.sse_client import Answer, post, sse_data
+from tests.support.sse_client import Answer, post, sse_data
 from tests.support.server import echo_config, running_server
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"
