@@ -8,7 +8,6 @@ llamacpp|vllm`, which `make test` runs first).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -98,9 +97,8 @@ def gateway_config(servers: dict[str, ServerProcess], *, builtin: bool = False) 
     from plugins.manager import BUILTIN_PLUGINS
 
     modules = [m for m in PROXY_MODULES if m not in BUILTIN_PLUGINS.values()]
-    has_builtin = importlib.util.find_spec("plugins.builtin.backend") is not None
     lines = ["[plugins]", f"modules = {json.dumps(modules)}"]
-    if not has_builtin or not builtin:
+    if not builtin:
         lines.append('disable = ["builtin"]')
     lines.append("")
     for engine, server in servers.items():
@@ -108,7 +106,7 @@ def gateway_config(servers: dict[str, ServerProcess], *, builtin: bool = False) 
             "[[backends]]", f'name = "{engine}"', f'type = "{engine}"', "[backends.options]",
             f'base_url = "{server.base_url}"', f'models = {{ "{public_name(engine)}" = "{MODEL}" }}', "",
         ]
-    if builtin and has_builtin:
+    if builtin:
         lines += [
             "[[backends]]", 'name = "builtin"', 'type = "builtin"', "[backends.options]",
             f'model = "{MODEL}"', f'served_model_name = "{public_name("builtin")}"', f"max_model_len = {CONTEXT}",
