@@ -1,7 +1,8 @@
 """Fixtures for the fleet tests: real llama.cpp replicas (one thread, a small context each; a
 replica starts in well under a second), bound to distinct loopback addresses 127.0.0.x on one
 port so that a DNS name can list them; a real DNS server on loopback (dnslib) whose records a
-test changes; and proxy backends over them, driven in the test's own event loop.
+test changes; and proxy backends over them, driven in the test's own event loop. The replicas
+serve tests/e2e/test_fleet_replicas.py, which imports these fixtures.
 
 Skipped only when llama.cpp's install step has not run (`python -m engines.install llamacpp`,
 which `make test` runs first)."""
