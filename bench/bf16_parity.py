@@ -1,7 +1,8 @@
 """How far greedy bfloat16 decoding agrees with itself across implementations: the built-in
 engine's bfloat16 path (eager and compiled) against transformers' bfloat16 `generate` with sdpa
 attention, and transformers against itself (sdpa vs eager attention, and vs float32), on the
-8 chat prompts below, which the fast-path parity test (`tests/engine/test_fast_path.py`) uses too.
+8 chat prompts below, which the fast-path parity test
+(`tests/builtin_engine/runner/test_fast_path.py`) uses too.
 
 Prints, per pair, the first position where the greedy tokens differ on each prompt (32 = none
 within the first 32 tokens). Issue 16 asks for 32 on every prompt against transformers; the

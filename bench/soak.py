@@ -38,9 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.sse_client import post  # noqa: E402
 from tests.support import faulty_upstream  # noqa: E402
 from tests.support.server import free_port  # noqa: E402
+from tests.support.sse_client import post  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MIX = [  # (weight, kind, prompt, stream)

@@ -1,5 +1,5 @@
 """Record what real vLLM and llama.cpp servers report about their own load, for the load-signal
-parsers' tests (`tests/fleet/test_load_signals.py`).
+parsers' tests (`tests/plugins/fleet/test_load_signals.py`).
 
     python scripts/record_load_signals.py                     # start both servers, record, stop them
     python scripts/record_load_signals.py --engine llamacpp   # one engine

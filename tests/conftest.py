@@ -18,4 +18,4 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("--long"):
-        os.environ["SWITCHYARD_LONG"] = "1"  # read by tests/fuzz and tests/load at import
+        os.environ["SWITCHYARD_LONG"] = "1"  # read by the fuzz, property and load tests at import

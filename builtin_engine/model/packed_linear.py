@@ -9,7 +9,7 @@ EPYC Zen 4 here reaches 135-145 GFLOP/s at 32 rows (the lm_head 79, one row 6-27
 AVX-512 kernels on a packed matrix reach 175-215 (one row, multiplied as two: 1.0-2.2x faster),
 so float32 matrices are packed on x86 CPUs with AVX2 or AVX-512. The results differ from sgemm's
 in the last bits (summation order), as sgemm's own do between batch sizes; the float32 path stays
-token-exact against transformers (tests/engine/test_hf_parity.py).
+token-exact against transformers (tests/builtin_engine/test_hf_parity.py).
 
 A packed matrix is an opaque MKLDNN tensor, which torch.compile cannot take as a graph input, so
 a compiled graph calls the op `switchyard::packed_linear(x, handle, out_features)` instead:

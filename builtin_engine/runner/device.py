@@ -9,7 +9,7 @@ what this machine has, once, before anything is loaded.
   triton). Default: on for bfloat16 on the CPU and on CUDA, off for float32 on the CPU: the
   reference path starts in seconds rather than compiling (about a minute per machine and
   configuration, ~10 s at each later start) for a ~10% faster decode; compiled, its tokens stay
-  transformers' (tests/engine/test_hf_parity.py runs both).
+  transformers' (tests/builtin_engine/test_hf_parity.py runs both).
 """
 
 from __future__ import annotations

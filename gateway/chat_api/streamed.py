@@ -7,8 +7,8 @@ and hook machinery were ~15% of the gateway's CPU per request, and uvicorn's ASG
 such a request into a `ChatExchange`, and `StreamedChatFront.open_exchange` serves it with the
 same pieces the Litestar handler uses (`chat_request_spec`, `gateway.http.common.answer_client`),
 without a Litestar `Request` or an ASGI scope; the exchange writes the head `to_response` would
-(the app's headers, the answer's, the content type: tests/gateway/test_streamed_chat_front.py
-compares the two), so headers, body, limits, metrics, log and traces are the same bytes and the
+(the app's headers, the answer's, the content type:
+tests/gateway/chat_api/test_streamed_chat_front.py compares the two), so headers, body, limits, metrics, log and traces are the same bytes and the
 same records.
 
 Everything else goes to the Litestar app untouched, through uvicorn's request cycle

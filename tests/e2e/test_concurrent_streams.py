@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sse_client import Answer, post, sse_data
 from tests.support.server import echo_config, running_server
+from tests.support.sse_client import Answer, post, sse_data
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"
 CLIENTS = 512

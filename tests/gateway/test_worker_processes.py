@@ -20,8 +20,8 @@ from gateway.worker_pool import worker_count
 from plugins.contract.errors import ConfigError
 from tests.gateway.helpers import assert_error_shape, chat_body, data_events
 from tests.support.probes import metric, wait_until
-from tests.support.server import echo_config
 from tests.support.process_tree import Server, serving
+from tests.support.server import echo_config
 
 WORKER_HEADER = "x-switchyard-worker"
 

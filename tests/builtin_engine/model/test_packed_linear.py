@@ -1,7 +1,8 @@
 """float32 matrices packed for oneDNN (`builtin_engine.model.packed_linear`): a row's result does not
 depend on the rows beside it, it is the float32 product up to summation order, and the op a
 compiled graph calls (the Python one, and the C++ one where the kernels are built) gives the eager
-result, until its matrix is freed. The token-level check is tests/engine/test_hf_parity.py."""
+result, until its matrix is freed. The token-level check is
+tests/builtin_engine/test_hf_parity.py."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from plugins.contract.errors import ConfigError, UpstreamError
 from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, TokenizeRequest
 from tests.gateway.helpers import assert_error_shape, data_events
 from tests.support.probes import metric, wait_until
-from tests.support.server import ROOT
 from tests.support.process_tree import serving
+from tests.support.server import ROOT
 
 MESSAGES = [{"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "What is the capital of France?"}]

@@ -14,8 +14,8 @@ import openai
 
 from plugins.builtin.backend import BuiltinBackend
 from plugins.contract.protocol import EmbedRequest
-from tests.support.process_tree import serving
 from tests.builtin_engine.process.test_engine_process import options
+from tests.support.process_tree import serving
 
 GREEDY = {"temperature": 0}
 TEXTS = ["The quick brown fox", "jumps over the lazy dog", "a third, longer input to pool over several tokens"]

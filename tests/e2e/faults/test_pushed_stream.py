@@ -19,8 +19,8 @@ from gateway.service.stream_feed import StreamFeed
 from plugins.proxy.stream import UpstreamEvents
 from tests.gateway.helpers import data_of
 from tests.support.fault_gateway import ENGINES, IDLE_S, chat, fault_config
-from tests.support.gateway_thread import GatewayThread
 from tests.support.faulty_upstream import FaultyUpstream
+from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until
 from tests.support.server import free_port
 

@@ -1,6 +1,7 @@
 """Structured outputs through the gateway against the real vLLM and llama.cpp servers (the
 session fixtures of this folder): the same choice, regex and JSON-schema requests the built-in
-engine is tested with (`tests/structured/`) must validate on each engine, streamed and not."""
+engine is tested with (`tests/plugins/builtin/test_constrained.py`) must validate on each
+engine, streamed and not."""
 
 from __future__ import annotations
 

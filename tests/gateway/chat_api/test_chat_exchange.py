@@ -16,8 +16,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from gateway.chat_api.exchange import ChatExchange
 from tests.gateway.helpers import data_of
 from tests.support.fault_gateway import after_each_row, chat, gw, plain_gw, upstream  # noqa: F401 - fixtures
-from tests.support.gateway_thread import GatewayThread
 from tests.support.faulty_upstream import FaultyUpstream
+from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until
 
 

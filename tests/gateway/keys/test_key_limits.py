@@ -11,8 +11,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.gateway.script_server import backend
 from tests.gateway.keys.gateways import PLAIN, Key, usage_of
+from tests.gateway.script_server import backend
 from tests.support.probes import wait_until
 from tests.support.server import running_server
 

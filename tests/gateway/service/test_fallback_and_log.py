@@ -12,8 +12,8 @@ import pytest
 from gateway.chat_api.encode import collect, open_stream
 from plugins import hookimpl
 from plugins.contract.errors import InvalidRequest, Overloaded, UpstreamError
-from tests.support.routed_gateway import backend, config_text, route, running_gateway, spec
 from tests.support.probes import metric
+from tests.support.routed_gateway import backend, config_text, route, running_gateway, spec
 
 pytestmark = pytest.mark.anyio
 

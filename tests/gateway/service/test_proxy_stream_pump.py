@@ -12,9 +12,9 @@ import pytest
 from gateway.service.event_pump import EventPump
 from plugins.contract.errors import UpstreamError
 from plugins.contract.protocol import Event, TextDelta, Usage
-from tests.support.recordings import find
 from tests.plugins.proxy.replay import ReplayServer, replay
 from tests.plugins.proxy.test_proxy_core import by_event, run, spec, vllm
+from tests.support.recordings import find
 
 
 async def _batches(pump: EventPump) -> list[list[Event]]:

@@ -1,7 +1,8 @@
 """Constrained decoding in the built-in engine with the tiny random-weight model: whatever the
 model writes must follow the grammar. Bulk runs are in process (one request with n=50 is 50
-sequences batched together, each with its own seed and matcher); `test_gateway.py` repeats a
-subset through the HTTP server with the `openai` client."""
+sequences batched together, each with its own seed and matcher);
+tests/e2e/test_structured_builtin.py repeats a subset through the HTTP server with the `openai`
+client."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, 
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import TimeoutOptions
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
-from tests.support.recordings import Recording, find
 from tests.plugins.proxy.replay import Handler, Received, ReplayServer, http_head, replay, write_recording
+from tests.support.recordings import Recording, find
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
