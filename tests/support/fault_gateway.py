@@ -1,8 +1,8 @@
 """The fault matrix's fixtures: one faulty upstream process, one gateway (in a thread of the
 test process, so its tasks and pools can be inspected) whose `vllm` and `llamacpp` backends
 point at that upstream, and two more backends of the same types pointing at a closed port.
-A test module gets them by importing them (tests/e2e/faults/conftest.py does, for its folder),
-`after_each_row` with them: it checks every test of the module."""
+A test module gets them by importing them (tests/e2e/faults/conftest.py does, for its whole
+folder); `after_each_row`, imported with them, checks every test of the module."""
 
 from __future__ import annotations
 
