@@ -17,7 +17,7 @@ from gateway.chat_api.encode import collect, open_stream
 from gateway.config import parse_config
 from gateway.service.gateway import Gateway
 from plugins.contract.errors import UpstreamError
-from plugins.contract.protocol import RequestSpec, SamplingParams, Usage
+from plugins.contract.protocol import RequestSpec, Sampling, Usage
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.support import faulty_upstream
 from tests.support.faulty_upstream import FaultyUpstream
@@ -47,7 +47,7 @@ def dead() -> str:
 
 def spec(model: str, request_id: str = "r") -> RequestSpec:
     return RequestSpec(request_id=request_id, kind="chat", model=model, upstream_model=model,
-                       sampling=SamplingParams(max_tokens=8), messages=[{"role": "user", "content": "which replica"}])
+                       sampling=Sampling(max_tokens=8), messages=[{"role": "user", "content": "which replica"}])
 
 
 def fleet(*urls: str, **options: Any) -> VLLMBackend:
