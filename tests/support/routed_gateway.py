@@ -1,12 +1,15 @@
 """Routed gateways for the tests of routing, fallback, breakers and the request log:
 plugins.toml texts with several echo backends and routes, in-process gateways (routing
-decisions, breakers, logs) and requests to run through them."""
+decisions, breakers, logs) and requests to run through them; the seed of the weighted splits
+the tests check (`SEED`, and the `seeded_random` fixture for the modules that import it)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
+
+import pytest
 
 from gateway.config import parse_config
 from gateway.service.gateway import Gateway
@@ -65,7 +68,18 @@ async def running_gateway(text: str) -> AsyncIterator[Gateway]:
         await gateway.close()
 
 
-# The seed of `random` for weighted splits the tests check: in process (the `seeded_random`
-# fixture of tests/plugins/routing) and in a server's process (the echo backend's `seed_random`
-# option).
+# The seed of `random` for weighted splits the tests check: in process (`seeded_random`) and in
+# a server's process (the echo backend's `seed_random` option).
 SEED = 20240607
+
+
+@pytest.fixture
+def seeded_random() -> Iterator[None]:
+    import random
+
+    state = random.getstate()
+    random.seed(SEED)
+    try:
+        yield
+    finally:
+        random.setstate(state)
