@@ -28,24 +28,24 @@ from pathlib import Path
 
 import torch
 
-from builtin_engine.scheduling.block_manager import BlockManager
 from builtin_engine.config import EngineConfig
-from builtin_engine.runner.cpu_threads import call_in_own_thread
-from builtin_engine.runner.decode_graph import make_decode_graph
-from builtin_engine.runner.device import Placement, resolve_placement
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, InvalidRequestError, QueueFull
 from builtin_engine.model.llama import KVCache, LlamaModel
 from builtin_engine.model.loader import ModelConfig, load_weights, read_model_config
-from builtin_engine.runner.model_runner import ModelRunner
 from builtin_engine.output_processor import ChoiceState, Detokenizer
 from builtin_engine.outputs import ChoiceOutput, RequestOutput
 from builtin_engine.pooling import PoolingParams
 from builtin_engine.request_handle import RequestHandle, deliver
+from builtin_engine.runner.cpu_threads import call_in_own_thread
+from builtin_engine.runner.decode_graph import make_decode_graph
+from builtin_engine.runner.device import Placement, resolve_placement
+from builtin_engine.runner.model_runner import ModelRunner
 from builtin_engine.runner.sampler import Sampler, SamplerOutput, choice_seed
+from builtin_engine.runner.step_graph import make_step_graph
+from builtin_engine.scheduling.block_manager import BlockManager
 from builtin_engine.scheduling.sampling_params import SamplingParams
 from builtin_engine.scheduling.scheduler import Scheduler, SchedulerOutput
 from builtin_engine.scheduling.sequence import Sequence
-from builtin_engine.runner.step_graph import make_step_graph
 
 DetokenizerFactory = Callable[[list[int], bool], Detokenizer]  # (prompt ids, skip_special_tokens) -> new
 _log = logging.getLogger(__name__)

@@ -8,29 +8,28 @@ from contextlib import asynccontextmanager
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from litestar.params import FromPath
 from litestar.config.app import AppConfig
 from litestar.datastructures import ResponseHeader, State
 from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
+from litestar.params import FromPath
 
-from gateway.embeddings_api import handlers as embeddings_api
 from gateway.chat_api import handlers as chat_api
 from gateway.chat_api import schemas as S
-from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
+from gateway.chat_api.streamed import RAISE_IN_HANDLER
 from gateway.config import Config
+from gateway.embeddings_api import handlers as embeddings_api
 from gateway.error_handlers import EXCEPTION_HANDLERS, handle_switchyard_error
-from gateway.errors import from_decode_error
-from gateway.ids import request_id_from
+from gateway.errors import ShuttingDown, from_decode_error
 from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers
+from gateway.ids import request_id_from
+from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
-from gateway.errors import ShuttingDown
-from gateway.service.admission import check_messages
 from gateway.openapi import SchemaPlugin
 from gateway.responses_api import handlers as responses_api
+from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
-from gateway.chat_api.streamed import RAISE_IN_HANDLER
 from plugins.contract.errors import AuthenticationFailed, InvalidRequest
 from plugins.contract.protocol import TokenizeRequest
 

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from plugins.contract.errors import ConfigError
 from plugins.contract.config_types import BackendType, Route, Target
+from plugins.contract.errors import ConfigError
 
 
 class _Config(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -19,9 +19,9 @@ import msgspec
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from gateway.embeddings_api import schemas as E
 from gateway import messages_api
 from gateway.chat_api import schemas as S
+from gateway.embeddings_api import schemas as E
 from gateway.errors import ErrorResponse
 from gateway.messages_api import schemas as M
 from gateway.responses_api import schemas as R

@@ -37,9 +37,9 @@ def serve(config: Config, *, host: str, port: int, drain_s: float, sockets: list
     `worker`: this process's number among the server's workers (the `x-switchyard-worker` header);
     `on_ready` is called once it accepts requests."""
     from gateway.app import create_app
-    from gateway.keys.keyring import Redactor, install_log_redaction
-    from gateway.http.exchange_protocol import ExchangeProtocol
     from gateway.chat_api.streamed import StreamedChatFront
+    from gateway.http.exchange_protocol import ExchangeProtocol
+    from gateway.keys.keyring import Redactor, install_log_redaction
 
     where = "" if worker is None else f" worker {worker}"
     logging.basicConfig(level=config.server.log_level.upper(),

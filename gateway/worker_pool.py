@@ -42,8 +42,8 @@ import msgspec
 
 from gateway.config import Config
 from gateway.worker import WorkerSpec
-from plugins.contract.errors import ConfigError
 from plugins.contract.config_types import SharedPart
+from plugins.contract.errors import ConfigError
 
 log = logging.getLogger("switchyard.workers")
 

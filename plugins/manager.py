@@ -11,8 +11,8 @@ from typing import Any
 import pluggy
 
 from plugins.contract import hookspecs
-from plugins.contract.errors import ConfigError
 from plugins.contract.config_types import BackendType
+from plugins.contract.errors import ConfigError
 
 # Built-in plugins register exactly the way a third-party package would: a module with hookimpls.
 BUILTIN_PLUGINS: dict[str, str] = {

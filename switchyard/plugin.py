@@ -18,6 +18,7 @@ from pathlib import Path
 
 import switchyard  # noqa: F401 - binds `plugins` to Switchyard's own package first
 from plugins import hookimpl
+from plugins.contract.config_types import BackendType, Route, Target
 from plugins.contract.errors import (
     AuthenticationFailed,
     ConfigError,
@@ -56,7 +57,6 @@ from plugins.contract.protocol import (
     TopLogprob,
     Usage,
 )
-from plugins.contract.config_types import BackendType, Route, Target
 
 PLUGIN_API_VERSION = (1, 1)  # 1.1: `ReportsServedBy` (and `RequestSpec.replica` gone)
 

@@ -25,9 +25,9 @@ import msgspec
 
 from builtin_engine.config import EngineConfig
 from builtin_engine.errors import ContextLengthExceeded, EngineDeadError, EngineError, InvalidRequestError, QueueFull
-from builtin_engine.text.grammar import GrammarSpec
 from builtin_engine.outputs import RequestOutput
 from builtin_engine.scheduling.sampling_params import SamplingParams
+from builtin_engine.text.grammar import GrammarSpec
 
 # ---- what an engine is built from, and what it says about itself ---------------------------------
 

@@ -25,6 +25,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
+from builtin_engine.errors import EngineDeadError
+from builtin_engine.outputs import RequestOutput
 from builtin_engine.process.calls import (
     Abort,
     Describe,
@@ -40,9 +42,7 @@ from builtin_engine.process.calls import (
     Stats,
     error_of,
 )
-from builtin_engine.errors import EngineDeadError
 from builtin_engine.process.zmq_send import send_now
-from builtin_engine.outputs import RequestOutput
 
 log = logging.getLogger("switchyard.engine_client")
 

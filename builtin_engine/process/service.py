@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from builtin_engine.outputs import RequestOutput
 from builtin_engine.process.calls import (
     Describe,
     Embed,
@@ -27,7 +28,6 @@ from builtin_engine.process.calls import (
     Stats,
     sampling_params,
 )
-from builtin_engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from builtin_engine.engine import LLMEngine
@@ -48,8 +48,8 @@ class EngineService:
     def load(cls, launch: EngineLaunch) -> EngineService:
         """Load the checkpoint and start the engine's step thread (blocking: seconds). Raises
         `TokenizerError`, `UnsupportedModelError` or `ValueError` (settings that do not fit)."""
-        from builtin_engine.text.detokenizer import IncrementalDetokenizer
         from builtin_engine.engine import LLMEngine
+        from builtin_engine.text.detokenizer import IncrementalDetokenizer
         from builtin_engine.text.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_dir(launch.model_dir)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from builtin_engine.model.attention_metadata import AttentionMetadata
-from builtin_engine.runner.decode_graph import CudaGraphDecode
 from builtin_engine.model.llama import KVCache, LlamaModel
+from builtin_engine.runner.decode_graph import CudaGraphDecode
 from builtin_engine.runner.sampler import Sampler, SamplerOutput, prepare_sampling_metadata
+from builtin_engine.runner.step_graph import CompiledStep
 from builtin_engine.scheduling.scheduler import ScheduledChunk
 from builtin_engine.scheduling.sequence import Sequence
-from builtin_engine.runner.step_graph import CompiledStep
 
 PollAborted = Callable[[], Collection[str]]  # -> ids of requests aborted (and freed) since the last call
 

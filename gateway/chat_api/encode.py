@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gateway.chat_api import schemas as S
-from gateway.service.accounting import RequestAccounting
+from gateway.chat_api.chunks import DONE, ChunkEncoder, chat_logprobs_json, error_event
 from gateway.errors import ErrorResponse
 from gateway.ids import token_hex
-from gateway.service.gateway import Gateway
+from gateway.service.accounting import RequestAccounting
 from gateway.service.attempts import Answer, collect_events, open_events, stream_body
-from gateway.chat_api.chunks import DONE, ChunkEncoder, chat_logprobs_json, error_event
+from gateway.service.gateway import Gateway
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import (
     Event,

@@ -26,8 +26,8 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, ST
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from gateway.http.head_protocol import ServerExchange, _HeadWithBodyCycle, begin_scope
-from gateway.service.stream_feed import BODY_WRITER
 from gateway.service.attempts import LastPiece
+from gateway.service.stream_feed import BODY_WRITER
 
 if TYPE_CHECKING:
     from gateway.http.common import DisconnectWatch

@@ -31,14 +31,14 @@ from litestar.handlers.http_handlers._utils import normalize_headers
 from litestar.types import ASGIApp, Receive, Send
 
 from gateway.chat_api import schemas as S
-from gateway.keys.keyring import ClientKey, authorization_of
 from gateway.chat_api.encode import collect, open_stream
 from gateway.chat_api.exchange import ChatExchange, Opened
-from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, authorize_key, answer_client, take_watch
+from gateway.chat_api.translate import chat_spec, check_chat
+from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, answer_client, authorize_key, take_watch
 from gateway.ids import request_id_from
+from gateway.keys.keyring import ClientKey, authorization_of
 from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
-from gateway.chat_api.translate import chat_spec, check_chat
 from plugins.contract.protocol import RequestSpec
 
 PATH = "/v1/chat/completions"

@@ -36,8 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _validate(config: Config) -> None:
     from gateway.config import resolve_backend_options
-    from gateway.service.route_plan import validate_routes
     from gateway.observability.telemetry import check_telemetry
+    from gateway.service.route_plan import validate_routes
     from plugins.manager import backend_types, build_plugin_manager
 
     pm = build_plugin_manager(config.plugins.disable, config.plugins.modules)
@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
     install.set_defaults(func=_engines)
 
-    from gateway.cli import scaffold as new_plugin, plugin_check
+    from gateway.cli import plugin_check
+    from gateway.cli import scaffold as new_plugin
 
     plugin_check.add_parser(sub)
     new_plugin.add_parser(sub)

@@ -15,7 +15,9 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.service.accounting import RequestAccounting
+from gateway.embeddings_api.encode import response
+from gateway.embeddings_api.schemas import EmbeddingsRequest
+from gateway.embeddings_api.translate import cost_of, inputs_of, routing_spec
 from gateway.http.common import (
     CLIENT_CLOSED_REQUEST,
     accounted,
@@ -24,11 +26,9 @@ from gateway.http.common import (
     decode_body,
     response_headers,
 )
-from gateway.service.gateway import Gateway
+from gateway.service.accounting import RequestAccounting
 from gateway.service.attempts import Observed
-from gateway.embeddings_api.encode import response
-from gateway.embeddings_api.schemas import EmbeddingsRequest
-from gateway.embeddings_api.translate import cost_of, inputs_of, routing_spec
+from gateway.service.gateway import Gateway
 from plugins.contract.errors import InvalidRequest, UpstreamError
 from plugins.contract.protocol import EmbedRequest, EmbedResult, RequestSpec, Usage
 

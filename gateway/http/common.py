@@ -15,14 +15,14 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
-from gateway.service.accounting import RequestAccounting, open_accounting
-from gateway.keys.keyring import ClientKey
 from gateway.errors import from_decode_error
 from gateway.http.head_protocol import exchange_of
-from gateway.service.stream_feed import BODY_WRITER
 from gateway.keys import TokenCost
+from gateway.keys.keyring import ClientKey
+from gateway.service.accounting import RequestAccounting, open_accounting
+from gateway.service.attempts import Answer, LastPiece
 from gateway.service.gateway import Gateway, Resolved
-from gateway.service.attempts import LastPiece, Answer
+from gateway.service.stream_feed import BODY_WRITER
 from plugins.contract.errors import InvalidRequest, NotFound, PermissionDenied
 from plugins.contract.protocol import RequestSpec, Sampling
 

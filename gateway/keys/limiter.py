@@ -29,9 +29,9 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.errors import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from gateway.keys.limits import NO_COST, BudgetPeriod, KeyLimits, TokenCost, request_cost
 from gateway.keys.store import Admission, StateStore, StateStoreError, seconds_to_full
-from gateway.errors import BudgetExhausted, KeyLimitExceeded, StateUnavailable
 from plugins.contract.protocol import RequestSpec, Usage
 
 log = logging.getLogger("switchyard.keys")

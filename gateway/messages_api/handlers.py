@@ -7,14 +7,14 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from gateway.service.accounting import RequestAccounting
 from gateway.http.common import answer, authorize, decode_body, resolve_for_tokens, response_headers
-from gateway.service.admission import check_messages
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
 from gateway.messages_api.translate import count_tokens_request, messages_spec
-from gateway.service.gateway import Gateway
+from gateway.service.accounting import RequestAccounting
+from gateway.service.admission import check_messages
 from gateway.service.attempts import Answer, collect_events, open_events, stream_body
+from gateway.service.gateway import Gateway
 from plugins.contract.protocol import RequestSpec
 
 

@@ -9,15 +9,16 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
-from litestar.params import FromPath
 from litestar.datastructures import State
+from litestar.params import FromPath
 
-from gateway.http.common import answer, authorize, decode_body, response_headers
-from gateway.service.admission import check_messages
-from gateway.responses_api import schemas as R
-from gateway.responses_api import respond as service, translate
 from gateway.config import StoreConfig
+from gateway.http.common import answer, authorize, decode_body, response_headers
+from gateway.responses_api import respond as service
+from gateway.responses_api import schemas as R
+from gateway.responses_api import translate
 from gateway.responses_api.store import open_store
+from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
 from plugins.contract.errors import InvalidRequest, NotFound
 

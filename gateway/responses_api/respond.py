@@ -12,13 +12,13 @@ from typing import Any
 
 import msgspec
 
-from gateway.service.accounting import RequestAccounting
+from gateway.errors import ErrorBody, ErrorResponse
 from gateway.responses_api import schemas as R
 from gateway.responses_api.encode import OutputBuilder, usage_body
 from gateway.responses_api.store import ResponseStore, StoredResponse
-from gateway.errors import ErrorBody, ErrorResponse
-from gateway.service.gateway import EventPump, Gateway
+from gateway.service.accounting import RequestAccounting
 from gateway.service.attempts import Answer, collect_events, open_events, stream_body
+from gateway.service.gateway import EventPump, Gateway
 from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Event, RequestSpec, Usage
 

@@ -30,8 +30,8 @@ from plugins.contract.protocol import (
 )
 
 if TYPE_CHECKING:
-    from gateway.service.gateway import Gateway, Resolved
     from gateway.observability.telemetry import RequestTrace
+    from gateway.service.gateway import Gateway, Resolved
 
 
 class RequestAccounting:

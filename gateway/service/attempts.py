@@ -17,22 +17,21 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from gateway.service.accounting import RequestAccounting
 from gateway.errors import error_payload
-
-from gateway.service.admission import BackendLimiter, Deadline
 from gateway.observability.metrics import ArmMetrics
-from gateway.service.outcomes import check_usage, error_label, outcome_of, retry_kind
 from gateway.observability.request_log import Attempt
+from gateway.service.accounting import RequestAccounting
+from gateway.service.admission import BackendLimiter, Deadline
+from gateway.service.gateway import EventPump, Gateway, Resolved
+from gateway.service.outcomes import check_usage, error_label, outcome_of, retry_kind
 from gateway.service.request_timer import RequestTimer, is_token_event
 from gateway.service.route_plan import RoutePlan
-from gateway.service.gateway import EventPump, Gateway, Resolved
 from gateway.service.shadow import fork_shadow
 from gateway.service.stream_feed import BODY_WRITER, StreamFeed, StreamWriter
 from plugins.contract.capabilities import check_capabilities
+from plugins.contract.config_types import Target
 from plugins.contract.errors import SwitchyardError, UpstreamError
 from plugins.contract.protocol import Event, RequestSpec, Usage
-from plugins.contract.config_types import Target
 
 
 @dataclass

@@ -20,25 +20,25 @@ from typing import Any
 import msgspec
 import pluggy
 
-from gateway.keys.keyring import Redactor, authorization_of
 from gateway.config import Config, resolve_backend_options
-from gateway.service.event_pump import EventPump
-from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.errors import ShuttingDown
-from gateway.service.admission import BackendLimiter, RouteLimits
+from gateway.keys import KeyLimiter, build_key_limiter
+from gateway.keys.keyring import Redactor, authorization_of
 from gateway.observability.metrics import ArmMetrics, Metrics, observe, observe_all
-from gateway.service.outcomes import error_label, outcome_of, retry_kind
 from gateway.observability.replica_load import WORKER_MODES, BackendLoads, ReplicaCollector
 from gateway.observability.request_log import Attempt, RequestLog, RequestRecord
+from gateway.observability.telemetry import Telemetry, build_telemetry
+from gateway.service.admission import BackendLimiter, RouteLimits
+from gateway.service.event_pump import EventPump
+from gateway.service.outcomes import error_label, outcome_of, retry_kind
 from gateway.service.request_timer import RequestTimer
 from gateway.service.route_plan import RoutePlan, validate_routes
-from gateway.observability.telemetry import Telemetry, build_telemetry
-from plugins.routing.sticky import API_KEY_HASH_HEADER
-from plugins.contract.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
-from plugins.transport.health import HealthMonitor
-from plugins.manager import backend_types, build_plugin_manager, call_first
-from plugins.contract.protocol import Backend, ModelInfo, RequestSpec, Usage
 from plugins.contract.config_types import Route, Target
+from plugins.contract.errors import BREAKER_KINDS, ModelNotFound, UpstreamError
+from plugins.contract.protocol import Backend, ModelInfo, RequestSpec, Usage
+from plugins.manager import backend_types, build_plugin_manager, call_first
+from plugins.routing.sticky import API_KEY_HASH_HEADER
+from plugins.transport.health import HealthMonitor
 
 log = logging.getLogger("switchyard.gateway")
 

@@ -10,11 +10,11 @@ import pluggy
 
 from gateway.config import Config, ShadowConfig
 from gateway.service.admission import RouteLimits
+from plugins.contract.config_types import Route, Target
+from plugins.contract.errors import ConfigError
 from plugins.routing import STRATEGIES, check_options
 from plugins.routing import hooks as routing_hooks
 from plugins.routing.sticky import sticky_sources
-from plugins.contract.errors import ConfigError
-from plugins.contract.config_types import Route, Target
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gateway.service.outcomes import error_label
 from gateway.observability.request_log import Attempt
+from gateway.service.outcomes import error_label
 from gateway.service.request_timer import RequestTimer, is_token_event
 from plugins.contract.capabilities import check_capabilities
+from plugins.contract.config_types import Target
 from plugins.contract.errors import SwitchyardError
 from plugins.contract.protocol import Backend, RequestSpec, Usage
-from plugins.contract.config_types import Target
 
 if TYPE_CHECKING:
-    from gateway.service.route_plan import RoutePlan
     from gateway.service.gateway import Gateway
+    from gateway.service.route_plan import RoutePlan
 
 
 def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan) -> None:

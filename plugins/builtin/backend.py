@@ -44,9 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from plugins.contract.hookspecs import hookimpl
 from plugins.builtin.embeddings import Dimensions, allowed_dimensions
 from plugins.builtin.embeddings import embed as embed_with_engine
+from plugins.builtin.launch import engine_launch, load_engine, share_engine, start_engine_process
+from plugins.builtin.options import BuiltinOptions, served_name
+from plugins.builtin.tools import ToolPlan, finish_of, output_grammar, tool_events
+from plugins.contract.config_types import BackendType
 from plugins.contract.errors import (
     ConfigError,
     ContextLengthExceeded,
@@ -55,7 +58,7 @@ from plugins.contract.errors import (
     Overloaded,
     UpstreamError,
 )
-from plugins.fleet.replica import ReplicaStats
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
@@ -71,20 +74,17 @@ from plugins.contract.protocol import (
     TopLogprob,
     Usage,
 )
-from plugins.builtin.launch import engine_launch, load_engine, share_engine, start_engine_process
-from plugins.builtin.options import BuiltinOptions, served_name
-from plugins.builtin.tools import ToolPlan, finish_of, output_grammar, tool_events
+from plugins.fleet.replica import ReplicaStats
 from plugins.parsers.reasoning import ReasoningSplitter, choose_parser
-from plugins.contract.config_types import BackendType
 
 if TYPE_CHECKING:
-    from builtin_engine.text.chat_template import ChatTemplate
-    from builtin_engine.process.calls import EngineLaunch
-    from builtin_engine.process.service import EngineService
     from builtin_engine.outputs import ChoiceOutput, TokenLogprobs
-    from builtin_engine.text.tokenizer import Tokenizer
+    from builtin_engine.process.calls import EngineLaunch
     from builtin_engine.process.client import EngineClient
+    from builtin_engine.process.service import EngineService
     from builtin_engine.process.supervisor import EngineSupervisor
+    from builtin_engine.text.chat_template import ChatTemplate
+    from builtin_engine.text.tokenizer import Tokenizer
 
 EXTENSIONS = frozenset(
     {
@@ -233,8 +233,8 @@ class BuiltinBackend:
     # ---- generation -----------------------------------------------------------------------------
 
     async def generate(self, spec: RequestSpec) -> AsyncIterator[Event]:  # type: ignore[override]
-        from builtin_engine.process.calls import Generate
         from builtin_engine.errors import EngineError
+        from builtin_engine.process.calls import Generate
 
         engine = self._require_engine(spec.upstream_model)
         tools = ToolPlan.of(spec, self._tool_parser_name(spec))

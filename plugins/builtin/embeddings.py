@@ -50,8 +50,8 @@ async def embed(engine: EngineService | EngineClient, tokenizer: Tokenizer, requ
     at most a batch's worth of them waiting, so a large request never fills its queue).
     `allowed`: the model's `allowed_dimensions`; `model`: its served name, for messages.
     Cancelled (the client left): the call's stream is closed, which aborts what still runs."""
-    from builtin_engine.process.calls import Embed
     from builtin_engine.errors import EngineError
+    from builtin_engine.process.calls import Embed
 
     prompts = [tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
                for item in request.inputs]

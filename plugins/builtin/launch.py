@@ -16,15 +16,15 @@ if TYPE_CHECKING:
     from builtin_engine.config import EngineConfig
     from builtin_engine.process.calls import EngineLaunch
     from builtin_engine.process.service import EngineService
-    from plugins.builtin.options import BuiltinOptions
     from builtin_engine.process.supervisor import EngineSupervisor
+    from plugins.builtin.options import BuiltinOptions
 
 
 def engine_launch(name: str, options: BuiltinOptions) -> EngineLaunch:
     """The checkpoint (fetched and converted once when `model` is a known name) and the engine
     settings of a backend's options; a bad option is a `ConfigError` naming it."""
-    from builtin_engine.process.calls import EngineLaunch
     from builtin_engine.model.store import ModelStoreError, resolve_model
+    from builtin_engine.process.calls import EngineLaunch
 
     where = f"backend {name!r}, [backends.options]"
     try:
@@ -51,8 +51,8 @@ def _engine_config(options: BuiltinOptions) -> EngineConfig:
 
 def load_engine(name: str, launch: EngineLaunch) -> EngineService:
     """The engine in this process (blocking: loads the weights)."""
-    from builtin_engine.process.service import EngineService
     from builtin_engine.errors import UnsupportedModelError
+    from builtin_engine.process.service import EngineService
     from builtin_engine.text.tokenizer import TokenizerError
 
     where = f"backend {name!r}, [backends.options]"

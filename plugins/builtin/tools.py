@@ -22,8 +22,8 @@ from plugins.contract.protocol import (
 )
 
 if TYPE_CHECKING:
-    from builtin_engine.text.grammar import GrammarSpec
     from builtin_engine.outputs import ChoiceOutput
+    from builtin_engine.text.grammar import GrammarSpec
     from plugins.parsers.tools import ToolParser
 
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from plugins.contract.protocol import Backend, RequestSpec, Usage
     from plugins.contract.config_types import BackendType, Route, Target
+    from plugins.contract.protocol import Backend, RequestSpec, Usage
 
 hookspec = pluggy.HookspecMarker("switchyard")
 hookimpl = pluggy.HookimplMarker("switchyard")

@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugins.transport import http1
 from plugins.contract.errors import BREAKER_KINDS, SwitchyardError, UpstreamError
+from plugins.contract.protocol import RequestSpec
 from plugins.fleet.balance import make_balancer
 from plugins.fleet.balance.base import Choice
 from plugins.fleet.discovery import Discovery, DiscoveryError, StaticDiscovery, discovery_for
 from plugins.fleet.load_signals import LOAD_SOURCES, LoadSignalError, LoadSource
 from plugins.fleet.options import LoadSignalOptions, PrefixCacheOptions, ReplicaBreakerOptions
 from plugins.fleet.replica import Replica, ReplicaStats
+from plugins.transport import http1
 from plugins.transport.health import BreakerState, HealthMonitor
-from plugins.contract.protocol import RequestSpec
 
 log = logging.getLogger("switchyard.fleet")
 

@@ -7,8 +7,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from plugins.transport import http1
 from plugins.fleet.load_signals import LoadSnapshot
+from plugins.transport import http1
 
 MAX_SCRAPE_BYTES = 4 << 20
 

@@ -36,10 +36,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
-from plugins.transport import http1
 from plugins.contract.errors import InvalidRequest, SwitchyardError
-from plugins.fleet.fleet import Fleet
-from plugins.fleet.replica import ReplicaStats
 from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
@@ -51,11 +48,14 @@ from plugins.contract.protocol import (
     TokenizeRequest,
     TokenizeResult,
 )
+from plugins.fleet.fleet import Fleet
+from plugins.fleet.replica import ReplicaStats
+from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.proxy.embeddings import embed_upstream
 from plugins.proxy.options import ProxyOptions
-from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
 from plugins.proxy.stream import UpstreamEvents
 from plugins.proxy.upstream import Upstream, upstream_ids
+from plugins.transport import http1
 
 log = logging.getLogger("switchyard.proxy")
 

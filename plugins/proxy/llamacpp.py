@@ -33,20 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from plugins.contract.hookspecs import hookimpl
+from plugins.contract.config_types import BackendType
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import RequestSpec, TokenizeRequest, TokenizeResult
-from plugins.contract.protocol import Rendered
+from plugins.contract.hookspecs import hookimpl
+from plugins.contract.protocol import Rendered, RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.gbnf import choice_grammar, regex_grammar
 from plugins.proxy.options import ProxyOptions
-from plugins.contract.config_types import BackendType
 
 DEFAULT_ALIAS = "smollm2-135m-instruct"
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from plugins.contract.config_types import BackendType
 from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import Capabilities, RequestSpec
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import ProxyOptions, check_extensions
-from plugins.contract.config_types import BackendType
 
 
 class OpenAICompatibleOptions(ProxyOptions):

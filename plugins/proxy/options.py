@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from plugins.contract.errors import ConfigError
+from plugins.contract.protocol import EXTENSIONS
 from plugins.fleet.options import (
     BalanceName,
     DiscoveryOptions,
@@ -16,7 +17,6 @@ from plugins.fleet.options import (
     PrefixCacheOptions,
     ReplicaBreakerOptions,
 )
-from plugins.contract.protocol import EXTENSIONS
 
 
 class TimeoutOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -34,13 +34,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-from plugins.transport import http1
 from plugins.contract.errors import UpstreamError
 from plugins.contract.protocol import Event, RequestSpec
 from plugins.fleet.replica import Replica
-from plugins.transport.sse import SSEParser
 from plugins.proxy.normalize import StreamNormalizer
 from plugins.proxy.upstream import BodyPieces, Upstream
+from plugins.transport import http1
+from plugins.transport.sse import SSEParser
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode

@@ -29,12 +29,11 @@ from typing import Any
 
 import msgspec
 
+from plugins.contract.config_types import BackendType
 from plugins.contract.hookspecs import hookimpl
-from plugins.contract.protocol import EXTENSIONS, RequestSpec, TokenizeRequest, TokenizeResult
-from plugins.contract.protocol import Rendered
+from plugins.contract.protocol import EXTENSIONS, Rendered, RequestSpec, TokenizeRequest, TokenizeResult
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import ProxyOptions
-from plugins.contract.config_types import BackendType
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plugins.contract.hookspecs import hookimpl
 from plugins.contract.config_types import Route, Target
+from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import RequestSpec
 from plugins.routing import STRATEGIES
 

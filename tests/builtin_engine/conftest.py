@@ -31,8 +31,8 @@ def make_engine(tiny_model_dir: Path, tiny_tokenizer) -> Callable[..., object]: 
     """make_engine(model_dir=tiny, **EngineConfig fields) -> LLMEngine (not started), with a
     detokenizer over the model's tokenizer."""
     from builtin_engine.config import EngineConfig
-    from builtin_engine.text.detokenizer import IncrementalDetokenizer
     from builtin_engine.engine import LLMEngine
+    from builtin_engine.text.detokenizer import IncrementalDetokenizer
     from builtin_engine.text.tokenizer import Tokenizer
 
     def make(model_dir: Path | None = None, **config: object) -> LLMEngine:

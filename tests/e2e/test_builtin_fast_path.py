@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from builtin_engine.runner.device import resolve_placement
 from builtin_engine.model.store import cache_root
+from builtin_engine.runner.device import resolve_placement
 from tests.support.server import running_server
 
 if not resolve_placement("cpu", "bfloat16").compile:

@@ -16,11 +16,10 @@ import msgspec
 import pytest
 
 from engines.launch import ServerProcess
-from plugins.transport.health import BreakerState
-from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.contract.protocol import Finish, RequestSpec, Usage
-from tests.plugins.fleet.conftest import MODEL, DnsZone, chat, replicas, tenant_prompt
-from tests.plugins.fleet.conftest import dns_zone, three_replicas  # noqa: F401 - fixtures
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
+from plugins.transport.health import BreakerState
+from tests.plugins.fleet.conftest import MODEL, DnsZone, chat, dns_zone, replicas, tenant_prompt, three_replicas  # noqa: F401 - fixtures
 from tests.support.probes import metric, wait_until_async
 from tests.support.server import running_server
 

@@ -11,9 +11,9 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 
-from tests.e2e.test_openapi_fuzz import CHECKS, _settings  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
+from tests.e2e.test_openapi_fuzz import CHECKS, _settings  # noqa: E402
 from tests.support.server import echo_config  # noqa: E402
 
 CONFIG = "[server]\nmax_messages = 64\n\n" + echo_config(models=["claude-echo"], max_model_len=512).replace(

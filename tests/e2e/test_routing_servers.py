@@ -21,8 +21,13 @@ from plugins.contract.config_types import Target
 from plugins.routing.weighted import pick_weighted
 from tests.gateway.helpers import chat_body, data_events
 from tests.support.probes import metric, wait_until
-from tests.support.routed_gateway import SEED, backend, config_text, route
-from tests.support.routed_gateway import seeded_random  # noqa: F401 - a fixture
+from tests.support.routed_gateway import (
+    SEED,
+    backend,
+    config_text,
+    route,
+    seeded_random,  # noqa: F401 - a fixture
+)
 from tests.support.server import echo_config, running_server
 
 # `a` seeds the server's `random` at start-up: the weighted route's 300 picks are the same draws on every run

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.support import faulty_upstream
-from tests.support.probes import wait_until
 from tests.support.faulty_upstream import FaultyUpstream
+from tests.support.probes import wait_until
 from tests.support.server import running_server
 
 UPSTREAM_ENV_KEY = "sk-UPSTREAM-ENV-SENTINEL-7f3a9c"  # vllm backend, via api_key_env

@@ -8,8 +8,8 @@ import pytest
 
 from plugins import hookimpl
 from plugins.contract import hookspecs
-from plugins.manager import build_plugin_manager, call_first
 from plugins.contract.config_types import Route, Target
+from plugins.manager import build_plugin_manager, call_first
 
 ROUTE = Route(name="r", targets=(Target(backend="a", model="m"), Target(backend="b", model="m")), strategy="fallback")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from plugins import hookimpl
+from plugins.contract.config_types import BackendType
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, Overloaded, UpstreamError
 from plugins.contract.protocol import (
     EXTENSIONS,
@@ -36,7 +37,6 @@ from plugins.contract.protocol import (
     Usage,
 )
 from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
-from plugins.contract.config_types import BackendType
 
 
 class EchoOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

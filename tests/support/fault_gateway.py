@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.gateway_thread import GatewayThread
-from tests.support.probes import wait_until
 from tests.support import faulty_upstream
 from tests.support.faulty_upstream import FaultyUpstream
+from tests.support.gateway_thread import GatewayThread
+from tests.support.probes import wait_until
 from tests.support.server import free_port
 
 ENGINES = ("vllm", "llamacpp")

@@ -13,11 +13,11 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
+from gateway.chat_api.streamed import StreamedChatFront
 from gateway.config import parse_config
 from gateway.http.exchange_protocol import ExchangeProtocol
 from gateway.server import DrainingServer
 from gateway.service.gateway import Gateway
-from gateway.chat_api.streamed import StreamedChatFront
 from tests.support.server import free_port
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from plugins import hookimpl
+from plugins.contract.config_types import BackendType
 from plugins.contract.errors import InvalidRequest, UpstreamError
 from plugins.contract.protocol import (
     Capabilities,
@@ -36,7 +37,6 @@ from plugins.contract.protocol import (
     ToolCallDelta,
     Usage,
 )
-from plugins.contract.config_types import BackendType
 from tests.support.echo_backend import EchoBackend, EchoOptions, _fail_mid, _maybe_fail_early, prompt_words
 
 EMBEDDING_SIZE = 8

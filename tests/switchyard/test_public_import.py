@@ -48,7 +48,8 @@ def test_a_decoy_imported_first_is_named_not_silently_replaced(tmp_path: Path) -
 
 def test_everything_a_plugin_needs_is_exported() -> None:
     import switchyard.plugin as api
-    from plugins.contract import errors, protocol, config_types as registry
+    from plugins.contract import config_types as registry
+    from plugins.contract import errors, protocol
 
     for module in (errors, protocol):
         public = {n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__}

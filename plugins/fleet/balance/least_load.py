@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from plugins.fleet.balance.base import C, Candidate, Choice, Stateless
 from plugins.contract.protocol import RequestSpec
+from plugins.fleet.balance.base import C, Candidate, Choice, Stateless
 
 
 def load_key(candidate: Candidate) -> tuple[float, float, int]:

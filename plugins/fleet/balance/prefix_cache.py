@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from plugins.contract.protocol import RequestSpec
 from plugins.fleet.balance.base import C, Choice, rotated
 from plugins.fleet.balance.prefix_index import CHARS_PER_TOKEN, PrefixIndex, prompt_blocks
 from plugins.fleet.options import PrefixCacheOptions
-from plugins.contract.protocol import RequestSpec
 
 
 class PrefixCache:

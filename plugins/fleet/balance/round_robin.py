@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugins.fleet.balance.base import C, Choice, Stateless
 from plugins.contract.protocol import RequestSpec
+from plugins.fleet.balance.base import C, Choice, Stateless
 
 
 class RoundRobin(Stateless):

@@ -18,8 +18,8 @@ import httpx
 import msgspec
 import pytest
 
-from builtin_engine.process import calls
 from builtin_engine import errors as engine_errors
+from builtin_engine.process import calls
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
 from plugins.contract.errors import ConfigError, UpstreamError
 from plugins.contract.protocol import RequestSpec, Sampling, TextDelta, TokenizeRequest
@@ -262,8 +262,8 @@ kv_cache_tokens = 4096
 def test_requests_while_the_engine_process_is_down_get_503(tiny_model_dir: Path) -> None:
     """A backend using an engine process someone else started (as a server's workers do): when
     that engine is gone, a request fails at once as unavailable (503), health fails, nothing hangs."""
-    from plugins.builtin.launch import engine_launch
     from builtin_engine.process.supervisor import EngineSupervisor
+    from plugins.builtin.launch import engine_launch
 
     supervisor = EngineSupervisor("shared", engine_launch("shared", options(tiny_model_dir)))
     supervisor.start()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from builtin_engine.runner.device import resolve_placement
+from builtin_engine.runner.step_graph import CompiledStep
+from builtin_engine.scheduling.sampling_params import SamplingParams
 from builtin_engine.scheduling.scheduler import ScheduledChunk
 from builtin_engine.scheduling.sequence import Sequence
-from builtin_engine.runner.step_graph import CompiledStep
-from builtin_engine.runner.device import resolve_placement
-from builtin_engine.scheduling.sampling_params import SamplingParams
 from tests.builtin_engine.conftest import HFReference, collect
 from tests.builtin_engine.test_hf_parity import TINY_LENGTHS, make_prompts, run_staggered
 

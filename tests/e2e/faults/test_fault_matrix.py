@@ -23,10 +23,10 @@ import uuid
 import httpx
 import pytest
 
-from tests.support.fault_gateway import ENGINES, FIRST_BYTE_S, IDLE_S, chat
-from tests.support.probes import wait_until
 from tests.gateway.helpers import assert_error_shape
+from tests.support.fault_gateway import ENGINES, FIRST_BYTE_S, IDLE_S, chat
 from tests.support.faulty_upstream import FaultyUpstream
+from tests.support.probes import wait_until
 
 pytestmark = pytest.mark.parametrize("engine", ENGINES)
 

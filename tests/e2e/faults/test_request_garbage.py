@@ -11,14 +11,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.service.attempts import Observed
 from gateway.chat_api.chunks import ChunkEncoder
+from gateway.service.attempts import Observed
 from gateway.service.stream_feed import StreamFeed
-from plugins.transport.http1 import Response
+from plugins.proxy.normalize import StreamNormalizer
 from plugins.proxy.stream import UpstreamEvents
 from plugins.proxy.upstream import BodyPieces
+from plugins.transport.http1 import Response
 from plugins.transport.sse import SSEParser
-from plugins.proxy.normalize import StreamNormalizer
 from tests.support.fault_gateway import ENGINES, chat
 from tests.support.gateway_thread import GatewayThread
 from tests.support.probes import wait_until

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from engines.launch import ServerProcess
-from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.contract.protocol import RequestSpec, Sampling
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.e2e.real_engines.conftest import MODEL
 from tests.support.probes import wait_until_async

@@ -17,7 +17,6 @@ import pytest
 from engines.launch import ServerProcess
 from tests.e2e.real_engines.conftest import CONTEXT, MODEL, public_name
 
-
 FRANCE = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "What is the capital of France?"},

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.keys import keyring as auth
-from gateway.keys.keyring import KeyRing
 from gateway.cli.main import main
 from gateway.config import parse_config
+from gateway.keys import keyring as auth
+from gateway.keys.keyring import KeyRing
 from tests.gateway.helpers import assert_error_shape, chat_body
 from tests.support.gateway_thread import GatewayThread
 from tests.support.server import echo_config

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.keys.keyring import KeyRing
 from gateway.config import parse_config
 from gateway.keys import KeyLimits
+from gateway.keys.keyring import KeyRing
 from gateway.keys.usage import is_loopback
 from plugins.contract.errors import ConfigError
 

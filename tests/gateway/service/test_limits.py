@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway_thread import GatewayThread
-from tests.support.probes import wait_until
 from tests.gateway.conftest import backend_table
 from tests.gateway.helpers import assert_error_shape, chat_body
+from tests.support.gateway_thread import GatewayThread
+from tests.support.probes import wait_until
 from tests.support.server import echo_config
 
 DELAY = 0.05  # seconds per token of the slow echo backends

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import types
 
-from gateway.service.accounting import RequestAccounting
+from gateway.chat_api.chunks import ChunkEncoder
 from gateway.chat_api.encode import _StreamState
 from gateway.keys import NO_RESERVATION
+from gateway.service.accounting import RequestAccounting
 from gateway.service.request_timer import RequestTimer
-from gateway.chat_api.chunks import ChunkEncoder
 from gateway.service.stream_feed import StreamFeed
 from plugins.contract.protocol import RequestSpec, Sampling, TextDelta
 

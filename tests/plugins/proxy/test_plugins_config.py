@@ -12,8 +12,8 @@ import pytest
 
 from gateway.config import parse_config, resolve_backend_options
 from plugins.contract.errors import ConfigError
-from plugins.proxy.llamacpp import LlamaCppBackend
 from plugins.manager import BUILTIN_PLUGINS, backend_types, build_plugin_manager
+from plugins.proxy.llamacpp import LlamaCppBackend
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend
 from plugins.proxy.vllm import VLLMBackend
 

@@ -16,11 +16,11 @@ import pytest
 
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, UpstreamError
+from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, TokenizeRequest, Usage
+from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.gbnf import choice_grammar
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
-from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, TokenizeRequest, Usage
-from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import TimeoutOptions
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 from tests.plugins.proxy.replay import Handler, Received, ReplayServer, http_head, replay, write_recording

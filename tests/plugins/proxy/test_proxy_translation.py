@@ -14,9 +14,6 @@ import pytest
 
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import InvalidRequest
-from plugins.proxy.gbnf import regex_grammar
-from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
-from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.contract.protocol import (
     Capabilities,
     Finish,
@@ -25,7 +22,10 @@ from plugins.contract.protocol import (
     TextDelta,
     ToolCallDelta,
 )
+from plugins.proxy.gbnf import regex_grammar
+from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.normalize import StreamNormalizer
+from plugins.proxy.openai_compatible import OpenAICompatibleBackend, OpenAICompatibleOptions
 from plugins.proxy.vllm import VLLMBackend, VLLMOptions
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plugins.contract.errors import SwitchyardError
-from plugins.proxy.normalize import StreamNormalizer
 from plugins.contract.protocol import RequestSpec, Sampling
+from plugins.proxy.normalize import StreamNormalizer
 from plugins.transport.sse import SSEEvent, SSEParser
 
 LONG = os.environ.get("SWITCHYARD_LONG") == "1"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.main import main
 from gateway.chat_api.encode import collect
+from gateway.cli.main import main
 from plugins.contract.config_types import Route, Target
 from plugins.routing import STRATEGIES
 from plugins.routing.sticky import API_KEY_HASH_HEADER, pick_rendezvous, sticky_key
