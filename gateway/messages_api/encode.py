@@ -25,15 +25,7 @@ from gateway.ids import token_hex
 from gateway.messages_api import schemas as M
 from gateway.messages_api.errors import error_response
 from plugins.contract.errors import SwitchyardError, UpstreamError
-from plugins.contract.protocol import (
-    Event,
-    Finish,
-    ReasoningDelta,
-    RequestSpec,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from plugins.contract.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 _encode = msgspec.json.Encoder().encode
 

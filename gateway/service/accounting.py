@@ -19,15 +19,7 @@ import msgspec
 
 from gateway.keys import NO_RESERVATION, KeyLimits, Reservation, TokenCost
 from gateway.service.outcomes import error_label, outcome_of
-from plugins.contract.protocol import (
-    Event,
-    Finish,
-    ReasoningDelta,
-    RequestSpec,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from plugins.contract.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
     from gateway.observability.telemetry import RequestTrace

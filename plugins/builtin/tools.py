@@ -11,15 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import (
-    Event,
-    Finish,
-    FinishReason,
-    RequestSpec,
-    TextDelta,
-    TokenLogprob,
-    ToolCallDelta,
-)
+from plugins.contract.protocol import Event, Finish, FinishReason, RequestSpec, TextDelta, TokenLogprob, ToolCallDelta
 
 if TYPE_CHECKING:
     from builtin_engine.outputs import ChoiceOutput

@@ -16,15 +16,7 @@ from __future__ import annotations
 import json
 import typing
 
-from plugins.contract.protocol import (
-    Event,
-    Finish,
-    FinishReason,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from plugins.contract.protocol import Event, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
 REASONS = frozenset(typing.get_args(FinishReason))
 KNOWN = (TextDelta, ReasoningDelta, ToolCallDelta, Finish, Usage)

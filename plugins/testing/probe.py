@@ -10,13 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins.contract.errors import InvalidRequest, SwitchyardError
-from plugins.contract.protocol import (
-    Backend,
-    Capabilities,
-    ModelInfo,
-    RequestSpec,
-    TokenizeRequest,
-)
+from plugins.contract.protocol import Backend, Capabilities, ModelInfo, RequestSpec, TokenizeRequest
 from plugins.testing.specs import SpecBuilder, gateway_refusal
 from plugins.testing.trace import Trace
 

@@ -6,15 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plugins.contract.protocol import (
-    Event,
-    Finish,
-    ReasoningDelta,
-    RequestSpec,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from plugins.contract.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 SHOWN_HEAD = 24  # events printed from the start of a long sequence
 SHOWN_TAIL = 8  # and from its end

@@ -11,13 +11,7 @@ import asyncio
 import time
 from typing import Literal
 
-from plugins.contract.protocol import (
-    Finish,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from plugins.contract.protocol import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from plugins.testing.checks.prompts import STORY
 from plugins.testing.probe import Probe
 from plugins.testing.registry import Skipped, check

@@ -12,13 +12,7 @@ from typing import Any
 
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import EXTENSIONS
-from plugins.testing.checks.prompts import (
-    REFERENCE_TOKENS,
-    SHORT,
-    STORY,
-    pick_stop,
-    reference,
-)
+from plugins.testing.checks.prompts import REFERENCE_TOKENS, SHORT, STORY, pick_stop, reference
 from plugins.testing.probe import Probe
 from plugins.testing.registry import check
 from plugins.testing.trace import Failed

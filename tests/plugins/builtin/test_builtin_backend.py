@@ -13,15 +13,7 @@ import pytest
 
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions, switchyard_backend_types
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, Overloaded
-from plugins.contract.protocol import (
-    Backend,
-    Finish,
-    RequestSpec,
-    Sampling,
-    TextDelta,
-    TokenizeRequest,
-    Usage,
-)
+from plugins.contract.protocol import Backend, Finish, RequestSpec, Sampling, TextDelta, TokenizeRequest, Usage
 
 MESSAGES = [
     {"role": "system", "content": "You are a concise assistant."},

@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.fleet.load_signals import (
-    LoadSignalError,
-    parse_llamacpp_metrics,
-    parse_llamacpp_slots,
-    parse_vllm_metrics,
-)
+from plugins.fleet.load_signals import LoadSignalError, parse_llamacpp_metrics, parse_llamacpp_slots, parse_vllm_metrics
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "recordings" / "load_signals"
 

@@ -9,13 +9,7 @@ import msgspec
 import pytest
 
 from gateway.errors import error_payload
-from plugins.contract.errors import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    ModelNotFound,
-    SwitchyardError,
-    UpstreamError,
-)
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, SwitchyardError, UpstreamError
 from plugins.contract.protocol import Finish, RequestSpec, Sampling, TextDelta, ToolCallDelta, Usage
 from plugins.proxy.errors import error_from_body, map_upstream_error
 from plugins.proxy.normalize import StreamNormalizer

@@ -14,14 +14,7 @@ import pytest
 
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.errors import InvalidRequest
-from plugins.contract.protocol import (
-    Capabilities,
-    Finish,
-    RequestSpec,
-    Sampling,
-    TextDelta,
-    ToolCallDelta,
-)
+from plugins.contract.protocol import Capabilities, Finish, RequestSpec, Sampling, TextDelta, ToolCallDelta
 from plugins.proxy.gbnf import regex_grammar
 from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.proxy.normalize import StreamNormalizer

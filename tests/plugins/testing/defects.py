@@ -11,15 +11,7 @@ from typing import Any
 import msgspec
 
 from plugins.contract.errors import ContextLengthExceeded, InvalidRequest
-from plugins.contract.protocol import (
-    Capabilities,
-    EmbedRequest,
-    EmbedResult,
-    Event,
-    Finish,
-    RequestSpec,
-    Usage,
-)
+from plugins.contract.protocol import Capabilities, EmbedRequest, EmbedResult, Event, Finish, RequestSpec, Usage
 
 
 class Defective:
