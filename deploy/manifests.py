@@ -207,9 +207,19 @@ def gateway_violations(docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+CLUSTER_SCOPED = ("Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass",
+                  "CustomResourceDefinition", "PriorityClass")
+
+
 def violations(docs: list[dict[str, Any]]) -> list[str]:
     """Every way the rendered `docs` break the policy (empty: none)."""
     out = []
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    for doc in docs:
+        if doc["kind"] not in CLUSTER_SCOPED and doc["metadata"].get("namespace") not in namespaces:
+            out.append(f"{_name(doc)}: not in the manifests' namespace {sorted(namespaces)}")
+        if doc["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") != "switchyard":
+            out.append(f"{_name(doc)}: no label app.kubernetes.io/part-of=switchyard")
     for doc, template in pod_templates(docs):
         pod = template["spec"]
         where = _name(doc)
