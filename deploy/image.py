@@ -36,7 +36,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.lock import PYPI, lock_path
+from deploy.lock import PYPI, lock_path, pip_check_allowed
 from deploy.podman import podman_env
 from engines.install import PYTHON_BASE_IMAGE, cache_root, wheel_cache_dir
 
@@ -112,6 +112,7 @@ def inputs_digest(spec: BuildSpec) -> str:
 
     add("containerfile", CONTAINERFILE.read_bytes())
     add("lock", spec.lock.read_bytes())
+    add("pip-check-allowed", "\n".join(pip_check_allowed(spec.torch)).encode())
     for config in CONFIGS:
         add(f"config:{config.name}", config.read_bytes())
     for path in project_sources():
@@ -222,6 +223,7 @@ def prepare_context(spec: BuildSpec, directory: Path) -> None:
         _link(wheel, directory / "wheels" / wheel.name)
     project_wheel(directory / "project")
     shutil.copy2(spec.lock, directory / "requirements.lock")
+    (directory / "pip-check-allowed.txt").write_text("\n".join(pip_check_allowed(spec.torch)) + "\n")
     for config in CONFIGS:
         shutil.copy2(config, directory / config.name)
     if spec.with_model:

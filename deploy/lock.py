@@ -30,6 +30,14 @@ EXTRAS = ("redis", "otel")  # `[responses] store = "redis"`, shared limits; OTLP
 # needed on some of the image's Pythons but not on the one resolving the lock: redis wants
 # async-timeout below Python 3.11.3, and Debian bookworm's python3 is 3.11.2
 ALSO = ("async-timeout>=4.0.3",)
+# Declared by a dependency but never loaded in an image of this variant: left out of its lock.
+# name -> (the distribution that declares it, why it is safe to leave out). `pip check` in the
+# image build then allows exactly these complaints (deploy/image.py writes them into the context).
+OMIT = {
+    "cpu": {"triton": ("xgrammar", "xgrammar loads it only for its CUDA bitmask kernel and the built-in "
+                                   "engine uses torch references on the CPU; it is 1 GB of the image")},
+    "cuda": {},
+}
 VARIANTS = ("cpu", "cuda")
 PYPI = "https://pypi.org/simple"
 PROJECT = "switchyard"
@@ -70,6 +78,7 @@ def resolve(variant: str, *, extra_index_urls: tuple[str, ...] = ()) -> list[dic
             raise SystemExit(f"pip reported no sha256 for {meta['name']} ({info['url']})")
         pins.append({"name": _canonical(meta["name"]), "version": meta["version"],
                      "file": info["url"].rsplit("/", 1)[-1].replace("%2B", "+"), "sha256": hashes["sha256"]})
+    pins = [p for p in pins if p["name"] not in OMIT[variant]]
     torch = [p for p in pins if p["name"] == "torch"]
     if not torch:
         raise SystemExit("the resolution has no torch")
@@ -85,6 +94,8 @@ def render(variant: str, pins: list[dict[str, str]]) -> str:
         f"# file from pyproject.toml with the extras [{','.join(EXTRAS)}]; do not edit by hand. CPython 3.11,",
         "# x86_64 Linux. `pip install --require-hashes --no-deps -r` this file, then the project's wheel.",
     ]
+    for name, (declared_by, why) in OMIT[variant].items():
+        lines.append(f"# left out: {name}, which {declared_by} declares ({why})")
     for p in pins:
         lines.append(f"{p['name']}=={p['version']} \\")
         lines.append(f"    --hash=sha256:{p['sha256']}  # {p['file']}")
@@ -99,6 +110,15 @@ def read_lock(variant: str) -> dict[str, str]:
         if m:
             pins[_canonical(m[1])] = m[2]
     return pins
+
+
+def pip_check_allowed(variant: str) -> list[str]:
+    """The lines `pip check` may print in an image of this variant: none broken, or only the
+    requirements OMIT leaves out."""
+    pins = read_lock(variant)
+    return ["No broken requirements found."] + [
+        f"{declared_by} {pins[_canonical(declared_by)]} requires {name}, which is not installed."
+        for name, (declared_by, _) in OMIT[variant].items()]
 
 
 def pyproject_requirements() -> list[str]:
