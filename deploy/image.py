@@ -4,7 +4,8 @@
     python -m deploy.image build --no-model       # proxy-only: no model, the default config fronts vLLM
     python -m deploy.image build --torch cuda     # PyPI's CUDA build of torch (downloads ~3 GB of wheels)
     python -m deploy.image build --engine docker  # the same build with docker
-    python -m deploy.image build --base IMAGE     # another Python 3.11 base (default: python:3.11-slim-bookworm)
+    python -m deploy.image build --base IMAGE     # another Python 3.11 base (default: python:3.11-slim-bookworm
+                                                  # when it can be pulled, else one made from Debian's packages)
     python -m deploy.image tag                    # the tag `build` would give, without building
 
 The build context is prepared here, not by the Containerfile: the project's wheel (built from
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from deploy.lock import PYPI, lock_path, pip_check_allowed
 from deploy.podman import podman_env
-from engines.install import PYTHON_BASE_IMAGE, cache_root, wheel_cache_dir
+from engines.install import PYTHON_BASE_IMAGE, cache_root, install_podman, wheel_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
@@ -266,6 +267,24 @@ def build(spec: BuildSpec, *, force: bool = False) -> dict[str, object]:
     return {**info, "cached": False}
 
 
+def resolve_base(engine: str, requested: str) -> str:
+    """`--base`: an image name; "local", the Python base made from Debian's packages; "auto", the
+    official slim image when the engine has it or can pull it, else the local one (a machine
+    that reaches no container registry)."""
+    if requested == "local":
+        return install_podman() if engine == "podman" else PYTHON_BASE_IMAGE
+    if requested != "auto":
+        return requested
+    probe = BuildSpec(engine=engine, base=OFFICIAL_BASE)
+    if image_exists(probe, OFFICIAL_BASE) or _engine(probe, "pull", OFFICIAL_BASE, check=False).returncode == 0:
+        return OFFICIAL_BASE
+    if engine != "podman":
+        raise ImageBuildError(f"cannot pull {OFFICIAL_BASE}; pass --base with a Python 3.11 image {engine} has")
+    _say(f"cannot pull {OFFICIAL_BASE} (no registry reachable?): building on {PYTHON_BASE_IMAGE}, "
+         f"Debian bookworm's own python3.11 (`python -m engines.install podman`)")
+    return install_podman()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.image", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -274,18 +293,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: podman when installed, else docker")
     parser.add_argument("--torch", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-model", dest="with_model", action="store_false", help="a proxy-only image")
-    parser.add_argument("--base", default=None,
-                        help=f"the Python 3.11 base image (default {OFFICIAL_BASE}; `--base local` is "
-                             f"{PYTHON_BASE_IMAGE}, made by `python -m engines.install podman`)")
+    parser.add_argument("--base", default="auto",
+                        help=f"the Python 3.11 base image; `local`: {PYTHON_BASE_IMAGE}, made from Debian's "
+                             f"packages by `python -m engines.install podman`; `auto` (default): {OFFICIAL_BASE} "
+                             "when it can be had, else the local one")
     parser.add_argument("--extra-index-url", action="append", default=[],
                         help="where pip also looks for the lock's wheels (e.g. https://download.pytorch.org/whl/cpu)")
     parser.add_argument("--force", action="store_true", help="build even when the tag exists")
     args = parser.parse_args(argv)
     engine = args.engine or ("podman" if shutil.which("podman") else "docker")
-    base = PYTHON_BASE_IMAGE if args.base == "local" else (args.base or OFFICIAL_BASE)
-    spec = BuildSpec(engine=engine, torch=args.torch, with_model=args.with_model, base=base,
-                     extra_index_urls=tuple(args.extra_index_url))
     try:
+        spec = BuildSpec(engine=engine, torch=args.torch, with_model=args.with_model,
+                         base=resolve_base(engine, args.base), extra_index_urls=tuple(args.extra_index_url))
         if args.what == "tag":
             print(image_tag(spec))
             return 0
