@@ -47,6 +47,12 @@ def image(built_image: dict) -> str:
 
 
 @pytest.fixture(scope="session")
+def proxy_image(podman_base: str) -> str:
+    """The proxy-only image (WITH_MODEL=0): no model, the default config fronts a vLLM fleet."""
+    return deploy_image.build(deploy_image.BuildSpec(engine="podman", base=podman_base, with_model=False))["tag"]
+
+
+@pytest.fixture(scope="session")
 def llama_server(tmp_path_factory) -> Iterator[ServerProcess]:
     """llama.cpp's llama-server on the host, serving the default model's GGUF on loopback."""
     if not install.llamacpp_installed():

@@ -135,9 +135,18 @@ base_url = "{url}"
 """
 
 
-def test_proxied_chat_completion_from_llamacpp_on_the_host(image, llama_server, tmp_path):
+def test_the_proxy_only_image_has_no_model_and_fronts_vllm(proxy_image):
+    got = in_image(proxy_image, "sh", "-c", "ls -A /opt/switchyard-models; cat /etc/switchyard/plugins.toml")
+    out = got.stdout.decode()
+    assert got.returncode == 0 and not out.startswith("smollm2"), out
+    assert 'type = "vllm"' in out and 'type = "dns"' in out
+    labels = json.loads(podman("image", "inspect", proxy_image).stdout)[0]["Config"]["Labels"]
+    assert labels["io.switchyard.with-model"] == "0"
+
+
+def test_proxied_chat_completion_from_llamacpp_on_the_host(proxy_image, llama_server, tmp_path):
     config = write_config(tmp_path, PROXY_CONFIG.format(url=llama_server.base_url))
-    container = run_container(image, free_port(), config=config)
+    container = run_container(proxy_image, free_port(), config=config)
     try:
         cold = container.wait_ready(120)
         record("cold_start_to_ready_s", {"proxy_llamacpp": round(cold, 1)})

@@ -102,13 +102,13 @@ async def client_loop(url: str, stop: asyncio.Event, tally: Tally) -> None:
             await one_request(client, url, tally)
 
 
-def test_rolling_restart_under_64_streaming_clients_loses_nothing(image, llama_server, tmp_path):
+def test_rolling_restart_under_64_streaming_clients_loses_nothing(proxy_image, llama_server, tmp_path):
     config = write_config(tmp_path, CONFIG.format(url=llama_server.base_url))
     port = free_port()
-    gateways = [run_container(image, port, config=config)]
+    gateways = [run_container(proxy_image, port, config=config)]
     try:
         gateways[0].wait_ready(120, log_marker=STARTUP_MARKER, markers=WORKERS)
-        gateways.append(run_container(image, port, config=config))
+        gateways.append(run_container(proxy_image, port, config=config))
         gateways[1].wait_ready(120, log_marker=STARTUP_MARKER, markers=WORKERS)
         tally = Tally()
         restarts = asyncio.run(_rollout(gateways, f"http://127.0.0.1:{port}/v1/chat/completions", tally))
