@@ -11,6 +11,8 @@ import httpx
 
 QUESTION = [{"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "What is the capital of France?"}]
+# an answer longer than any max_tokens the tests ask for: a stream still running at SIGTERM
+LONG = [{"role": "user", "content": "Count from 1 to 200, separated by commas."}]
 
 
 @dataclass
@@ -22,6 +24,7 @@ class StreamResult:
     done: bool = False
     chunks: int = 0
     usage: dict | None = None
+    chunks_after_first_text: int = 0
 
     @property
     def complete(self) -> bool:
@@ -30,8 +33,8 @@ class StreamResult:
             and self.usage is not None and self.usage["completion_tokens"] >= 1
 
 
-def chat_body(model: str, max_tokens: int, *, stream: bool = True) -> dict:
-    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0}
+def chat_body(model: str, max_tokens: int, *, stream: bool = True, messages: list[dict] | None = None) -> dict:
+    body = {"model": model, "messages": messages or QUESTION, "max_tokens": max_tokens, "temperature": 0}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     return body
@@ -55,10 +58,13 @@ def read_events(result: StreamResult, data: str) -> None:
 
 
 def stream_chat(client: httpx.Client, base: str, model: str, max_tokens: int,
-                on_first_text: Callable[[], None] | None = None, headers: dict | None = None) -> StreamResult:
-    """POST a streamed chat completion and read it to the end (sync)."""
+                on_first_text: Callable[[], None] | None = None, headers: dict | None = None,
+                messages: list[dict] | None = None) -> StreamResult:
+    """POST a streamed chat completion and read it to the end (sync); `on_first_text` is called
+    once the first text arrived (the chunks after it are counted)."""
     result = StreamResult()
-    with client.stream("POST", f"{base}/v1/chat/completions", json=chat_body(model, max_tokens), headers=headers) as resp:
+    body = chat_body(model, max_tokens, messages=messages)
+    with client.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as resp:
         result.status = resp.status_code
         if resp.status_code != 200:
             resp.read()
@@ -68,6 +74,8 @@ def stream_chat(client: httpx.Client, base: str, model: str, max_tokens: int,
             if line.startswith("data: "):
                 had_text = bool(result.text)
                 read_events(result, line[6:])
-                if on_first_text is not None and not had_text and result.text:
+                if had_text:
+                    result.chunks_after_first_text += 1
+                elif on_first_text is not None and result.text:
                     on_first_text()
     return result

@@ -18,7 +18,7 @@ from deploy.lock import pip_check_allowed, read_lock
 from deploy.podman import podman
 from tests.deploy.conftest import record, write_config
 from tests.deploy.containers import in_image, run_container
-from tests.deploy.streams import chat_body, stream_chat
+from tests.deploy.streams import LONG, chat_body, stream_chat
 from tests.support.server import free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -109,11 +109,12 @@ def test_builtin_engine_ready_answers_and_drains_a_stream_on_sigterm(image):
                 container.signal("TERM")
                 signalled.append(time.monotonic())
 
-            result = stream_chat(client, container.base, MODEL, 40, on_first_text=sigterm)
+            result = stream_chat(client, container.base, MODEL, 40, on_first_text=sigterm, messages=LONG)
         assert signalled, "the stream produced no text"
         assert result.complete, result
         assert result.finish_reasons == ["length"] and result.usage["completion_tokens"] == 40
-        assert "Paris" in result.text
+        assert result.chunks_after_first_text >= 20, result  # it ran on well after the signal
+        assert "1\n2. 2\n3. 3" in result.text, result.text  # the whole answer, greedy
         code = container.wait_exit(45)
         stopped_s = time.monotonic() - signalled[0]
         assert code == 0, container.logs()[-3000:]

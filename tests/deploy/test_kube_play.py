@@ -41,7 +41,7 @@ from deploy import manifests
 from deploy.podman import podman
 from engines import install
 from tests.deploy.conftest import record
-from tests.deploy.streams import chat_body, stream_chat
+from tests.deploy.streams import LONG, chat_body, stream_chat
 
 pytestmark = pytest.mark.slow
 
@@ -120,8 +120,9 @@ def test_overlay_for_kube_play(image, tmp_path) -> None:
                 for gateway in gateways:
                     podman("kill", "--signal", "TERM", gateway)
 
-            result = stream_chat(client, base, MODEL, 40, on_first_text=sigterm, headers=auth)
-        assert result.complete and "Paris" in result.text, result
+            result = stream_chat(client, base, MODEL, 40, on_first_text=sigterm, headers=auth, messages=LONG)
+        assert result.complete and result.finish_reasons == ["length"], result
+        assert result.chunks_after_first_text >= 20 and "1\n2. 2\n3. 3" in result.text, result
         for gateway in gateways:
             _wait(lambda: not _state(gateway).get("Running"), 50, lambda: _logs(gateway))
             assert _state(gateway)["ExitCode"] == 0, _logs(gateway)[-3000:]
