@@ -62,7 +62,7 @@ class Container:
         podman("start", self.name)
 
     def remove(self) -> None:
-        podman("rm", "--force", "--time", "0", self.name, check=False)
+        podman("rm", "--force", "--volumes", "--time", "0", self.name, check=False)
 
     def wait_ready(self, timeout: float, *, log_marker: str | None = None, markers: int = 1) -> float:
         """Seconds from start until GET /ready answered 200 (and, where several containers share

@@ -16,8 +16,12 @@ podman gives, in `for_podman` below:
 - A Secret document is stored as YAML and then read back as JSON ("secret ... is not valid JSON"):
   the Secret is created with `podman secret create` in the form podman reads (its data as JSON).
 - No Service DNS: the pods share the host's network (which also keeps every address on
-  loopback) and the gateway pods get a hostAlias naming `switchyard-redis` 127.0.0.1. Both
-  gateway pods listen on the ConfigMap's port 8000 with SO_REUSEPORT (workers = "auto").
+  loopback), and since podman 4.3 ignores `hostAliases`, the gateway pods get an /etc/hosts
+  naming `switchyard-redis` 127.0.0.1 (a hostPath volume). Both
+  gateway pods listen on the ConfigMap's port 8000 with SO_REUSEPORT (workers = "auto"). On
+  the host's network podman maps no port and refuses `containerPort` ("PortMappings can only be
+  used with Bridge or slirp4netns networking"): the ports are left out, and probes that named
+  one get its number.
 - Probes become podman health checks that need systemd timers (none run here): the test asks
   /ready itself.
 """
@@ -30,6 +34,7 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -38,7 +43,7 @@ import pytest
 import yaml
 
 from deploy import manifests
-from deploy.podman import podman
+from deploy.podman import podman, podman_env
 from engines import install
 from tests.deploy.conftest import record
 from tests.deploy.streams import LONG, chat_body, stream_chat
@@ -73,7 +78,10 @@ def test_overlay_for_kube_play(image, tmp_path) -> None:
     docs = render_test_overlay(tmp_path / "overlay", image, redis_image, key)
     # the test overlay keeps every promise of the shipped one
     assert manifests.schema_errors(docs) == [] and manifests.violations(docs) == []
-    play, podman_secrets = for_podman(docs)
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("127.0.0.1\tlocalhost switchyard-redis\n")
+    hosts_file.chmod(0o644)
+    play, podman_secrets = for_podman(docs, hosts_file)
     play_file = tmp_path / "play.yaml"
     play_file.write_text(yaml.safe_dump_all(play, sort_keys=False))
     created = []
@@ -96,7 +104,6 @@ def test_overlay_for_kube_play(image, tmp_path) -> None:
         with httpx.Client(timeout=120) as client:
             _wait(lambda: _status(client, f"{base}/ready") == 200, 120, lambda: _logs(gateways[0]))
             ready_s = time.monotonic() - started
-            record("kube_play", {"pods": len(gateways) + len(redis), "play_to_ready_s": round(ready_s, 1)})
             auth = {"Authorization": f"Bearer {key}"}
             assert client.post(f"{base}/v1/chat/completions", json=chat_body(MODEL, 8, stream=False)).status_code == 401
             answer = client.post(f"{base}/v1/chat/completions", json=chat_body(MODEL, 16, stream=False), headers=auth)
@@ -113,19 +120,35 @@ def test_overlay_for_kube_play(image, tmp_path) -> None:
                 with httpx.Client(timeout=30) as fresh:
                     again = fresh.get(f"{base}/v1/responses/{response_id}", headers=auth)
                     assert again.status_code == 200 and again.json()["id"] == response_id
-            # the per-key limit counts in Redis (db 0)
-            assert podman("exec", redis[0], "redis-cli", "-n", "0", "dbsize").stdout.strip() not in (b"0", b"")
-            # SIGTERM to every gateway pod mid-stream: the stream completes, the pods exit 0
+            # the per-key limit counts in Redis (its Lua scripts, run by EVALSHA), without a state error
+            stats = podman("exec", redis[0], "redis-cli", "info", "commandstats").stdout.decode()
+            assert "cmdstat_evalsha:calls=" in stats or "cmdstat_eval:calls=" in stats, stats
+            metrics = client.get(f"{base}/metrics").text
+            assert "switchyard_key_state_errors_total{" not in metrics, metrics
+            # every gateway pod stopped mid-stream as the kubelet stops one (SIGTERM, the kill only
+            # after the grace period; `podman pod stop` also keeps the restart policy from
+            # starting it again): the stream completes and the pods exit 0 by themselves
+            pods = sorted({g.rsplit("-", 1)[0] for g in gateways})
+            grace = manifests.find(docs, "Deployment", "switchyard")["spec"]["template"]["spec"][
+                "terminationGracePeriodSeconds"]
+            stopping = []
+
             def sigterm() -> None:
-                for gateway in gateways:
-                    podman("kill", "--signal", "TERM", gateway)
+                stopping.append(time.monotonic())
+                stopping.append(subprocess.Popen(["podman", "pod", "stop", "--time", str(grace), *pods],
+                                                 env=podman_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
             result = stream_chat(client, base, MODEL, 40, on_first_text=sigterm, headers=auth, messages=LONG)
         assert result.complete and result.finish_reasons == ["length"], result
         assert result.chunks_after_first_text >= 20 and "1\n2. 2\n3. 3" in result.text, result
+        assert stopping[1].wait(grace + 30) == 0, stopping[1].stderr.read()
+        stopped_s = time.monotonic() - stopping[0]
+        assert stopped_s < grace, stopped_s  # they exited by themselves, before the kill
         for gateway in gateways:
-            _wait(lambda: not _state(gateway).get("Running"), 50, lambda: _logs(gateway))
             assert _state(gateway)["ExitCode"] == 0, _logs(gateway)[-3000:]
+            assert "draining" in _logs(gateway)
+        record("kube_play", {"pods": len(gateways) + len(redis), "play_to_ready_s": round(ready_s, 1),
+                             "pod_stop_mid_stream_s": round(stopped_s, 1), "stream_complete": True})
     finally:
         podman("kube", "down", str(play_file), check=False, timeout=120)
         for name in created:
@@ -152,7 +175,7 @@ def render_test_overlay(directory: Path, image: str, redis_image: str, key: str)
     return manifests.render(directory)
 
 
-def for_podman(docs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+def for_podman(docs: list[dict], hosts_file: Path) -> tuple[list[dict], dict[str, dict]]:
     """What podman 4.3's `kube play` can play of `docs` (see the module's docstring), and the
     Secrets as podman secrets: name -> data."""
     play, podman_secrets = [], {}
@@ -175,16 +198,27 @@ def for_podman(docs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
             doc = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": doc["metadata"],
                    "spec": {"replicas": doc["spec"].get("replicas", 1), "selector": doc["spec"]["selector"],
                             "template": doc["spec"]["template"]}}
-        if kind == "Deployment" and doc["metadata"]["name"] == manifests.GATEWAY:
-            doc["spec"]["template"]["spec"]["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": ["switchyard-redis"]}]
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            for container in pod["containers"]:
+                ports = {p["name"]: p["containerPort"] for p in container.pop("ports", [])}
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    for action in ("httpGet", "tcpSocket"):
+                        if action in container.get(probe, {}) and container[probe][action]["port"] in ports:
+                            container[probe][action]["port"] = ports[container[probe][action]["port"]]
+            if doc["metadata"]["name"] == manifests.GATEWAY:
+                pod["volumes"].append({"name": "hosts", "hostPath": {"path": str(hosts_file), "type": "File"}})
+                pod["containers"][0]["volumeMounts"].append({"name": "hosts", "mountPath": "/etc/hosts", "readOnly": True})
         play.append(doc)
     return play, podman_secrets
 
 
 def _containers(pod_prefix: str) -> list[str]:
-    got = podman("ps", "-a", "--format", "{{.Names}} {{.PodName}}")
-    return sorted(name for name, pod in (line.split() for line in got.stdout.decode().splitlines() if " " in line)
-                  if pod.startswith(pod_prefix) and not name.endswith("-infra"))
+    """The containers of the pods named `<prefix><n>` (kube play names them `<pod>-<container>`)."""
+    got = podman("ps", "-a", "--format", "{{.Names}}")
+    return sorted(name for name in got.stdout.decode().split()
+                  if name.startswith(pod_prefix) and name[len(pod_prefix):].split("-", 1)[0].isdigit()
+                  and not name.endswith("-infra"))
 
 
 def _state(name: str) -> dict:
