@@ -154,7 +154,7 @@ def test_overlay_for_kube_play(image, tmp_path) -> None:
         for name in created:
             podman("secret", "rm", name, check=False)
         for doc in play:
-            if doc["kind"] == "PersistentVolumeClaim":
+            if doc["kind"] in ("PersistentVolumeClaim", "ConfigMap"):  # (kube down leaves both)
                 podman("volume", "rm", "--force", doc["metadata"]["name"], check=False)
 
 
