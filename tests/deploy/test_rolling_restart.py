@@ -53,10 +53,19 @@ class Tally:
     reconnects: int = 0
     reconnect_reasons: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    in_flight: int = 0
+    in_flight: int = 0  # streams whose response began
+    pending: int = 0  # requests sent and not yet finished (queued upstream, or streaming)
 
 
 async def one_request(client: httpx.AsyncClient, url: str, tally: Tally) -> None:
+    tally.pending += 1
+    try:
+        await _one_request(client, url, tally)
+    finally:
+        tally.pending -= 1
+
+
+async def _one_request(client: httpx.AsyncClient, url: str, tally: Tally) -> None:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = StreamResult()
         started = False
@@ -135,7 +144,7 @@ async def _rollout(gateways, url: str, tally: Tally) -> list[dict]:
         await _until(lambda: tally.completed >= CLIENTS, 120)  # traffic through both gateways
         for run, gateway in enumerate(gateways):
             await _until(lambda: tally.in_flight >= CLIENTS // 4, 30)
-            in_flight = tally.in_flight
+            in_flight, pending = tally.in_flight, tally.pending
             completed_before = tally.completed
             signalled = time.monotonic()
             await asyncio.to_thread(gateway.signal, "TERM")
@@ -143,7 +152,8 @@ async def _rollout(gateways, url: str, tally: Tally) -> list[dict]:
             exit_s = time.monotonic() - signalled
             await asyncio.to_thread(gateway.start_again)
             ready_s = await asyncio.to_thread(gateway.wait_ready, 120, log_marker=STARTUP_MARKER, markers=2 * WORKERS)
-            restarts.append({"gateway": run, "streams_in_flight_at_sigterm": in_flight, "exit_code": code,
+            restarts.append({"gateway": run, "streams_in_flight_at_sigterm": in_flight,
+                             "requests_pending_at_sigterm": pending, "exit_code": code,
                              "sigterm_to_exit_s": round(exit_s, 1), "restart_to_ready_s": round(ready_s, 1),
                              "completed_meanwhile": tally.completed - completed_before})
             await _until(lambda: tally.completed >= completed_before + CLIENTS, 120)
