@@ -70,6 +70,8 @@ def record(key: str, value: object) -> None:
     test-results.json, for the README and the report."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    if isinstance(value, dict) and isinstance(data.get(key), dict):
+        value = {**data[key], **value}  # (several tests add to one figure)
     data[key] = value
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
 
