@@ -239,14 +239,16 @@ def prepare_context(spec: BuildSpec, directory: Path) -> None:
 
 
 def prune_older(spec: BuildSpec, keep: str) -> list[str]:
-    """Remove this flavour's other images built by this tool (`<repository>:<version>-<flavour>-<hash>`):
-    each is reproducible from its tree, and each holds GBs."""
+    """Remove this flavour's other images built by this tool (`<repository>:<version>-<flavour>-<hash>`),
+    then the untagged images left behind: each is reproducible from its tree, and each holds GBs."""
     prefix = keep.rsplit("-", 1)[0] + "-"
     got = _engine(spec, "images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False)
     old = [tag for tag in got.stdout.split() if tag.startswith(prefix) and tag != keep
            and len(tag) == len(keep)]  # same flavour: a proxy tag is longer than a cpu one
     for tag in old:
         _engine(spec, "rmi", tag, check=False)
+    if old:  # the intermediate stages' images they left, which hold the old layers
+        _engine(spec, "image", "prune", "--force", check=False)
     return old
 
 

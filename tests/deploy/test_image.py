@@ -166,3 +166,18 @@ def test_proxied_chat_completion_from_llamacpp_on_the_host(proxy_image, llama_se
         assert container.wait_exit(45) == 0
     finally:
         container.remove()
+
+
+@pytest.mark.parametrize(("arg", "message"), [
+    ("TORCH=rocm", "TORCH must be cpu or cuda, not 'rocm'"),
+    ("TORCH=cuda", "TORCH=cuda, but the context holds the cpu lock"),
+    ("WITH_MODEL=yes", "WITH_MODEL must be 0 or 1, not 'yes'"),
+])
+def test_a_bad_build_argument_stops_the_build(built_image, podman_base, tmp_path, arg, message):
+    spec = deploy_image.BuildSpec(engine="podman", base=podman_base)
+    deploy_image.prepare_context(spec, tmp_path / "context")
+    got = podman("build", "-f", str(deploy_image.CONTAINERFILE), "--network", "none", "--target", "build",
+                 "--build-arg", f"PYTHON_BASE={podman_base}", "--build-arg", arg, str(tmp_path / "context"),
+                 check=False, timeout=600)
+    assert got.returncode != 0
+    assert message in (got.stdout + got.stderr).decode()
