@@ -108,7 +108,10 @@ async def client_loop(url: str, stop: asyncio.Event, tally: Tally) -> None:
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(timeout=httpx.Timeout(90, connect=5), limits=limits) as client:
         while not stop.is_set():
-            await one_request(client, url, tally)
+            try:
+                await one_request(client, url, tally)
+            except Exception as exc:  # noqa: BLE001 - any other failure is a failed request, counted
+                tally.failures.append(f"{type(exc).__name__}: {exc}")
 
 
 def test_rolling_restart_under_64_streaming_clients_loses_nothing(proxy_image, llama_server, tmp_path):
@@ -141,9 +144,10 @@ async def _rollout(gateways, url: str, tally: Tally) -> list[dict]:
     clients = [asyncio.create_task(client_loop(url, stop, tally)) for _ in range(CLIENTS)]
     restarts = []
     try:
-        await _until(lambda: tally.completed >= CLIENTS, 120)  # traffic through both gateways
+        await _until(lambda: tally.completed >= CLIENTS, 120, tally)  # traffic through both gateways
         for run, gateway in enumerate(gateways):
-            await _until(lambda: tally.in_flight >= CLIENTS // 4, 30)
+            # streams under way (llama-server streams 16 at a time; the rest queue there)
+            await _until(lambda: tally.in_flight >= 4 and tally.pending >= CLIENTS // 2, 60, tally)
             in_flight, pending = tally.in_flight, tally.pending
             completed_before = tally.completed
             signalled = time.monotonic()
@@ -156,7 +160,7 @@ async def _rollout(gateways, url: str, tally: Tally) -> list[dict]:
                              "requests_pending_at_sigterm": pending, "exit_code": code,
                              "sigterm_to_exit_s": round(exit_s, 1), "restart_to_ready_s": round(ready_s, 1),
                              "completed_meanwhile": tally.completed - completed_before})
-            await _until(lambda: tally.completed >= completed_before + CLIENTS, 120)
+            await _until(lambda: tally.completed >= completed_before + CLIENTS, 120, tally)
         await asyncio.sleep(1)
     finally:
         stop.set()
@@ -164,9 +168,9 @@ async def _rollout(gateways, url: str, tally: Tally) -> list[dict]:
     return restarts
 
 
-async def _until(condition, timeout: float) -> None:
+async def _until(condition, timeout: float, tally: Tally | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for the clients")
+            raise AssertionError(f"timed out after {timeout} s waiting for the clients: {tally}")
         await asyncio.sleep(0.05)
