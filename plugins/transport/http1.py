@@ -389,7 +389,7 @@ class Pool:
         await self._acquire_slot()
         try:
             for attempt in (1, 2):
-                conn = await self._connection(deadline)
+                conn = await self._connection(deadline, fresh=attempt == 2)
                 try:
                     conn.send(message)
                     while not conn.headers_done:
@@ -431,9 +431,11 @@ class Pool:
             return b"%b%bcontent-length: %d\r\n\r\n%b" % (head, extra, len(body), body)
         return head + extra + b"\r\n"
 
-    async def _connection(self, deadline: float | None) -> _Connection:
+    async def _connection(self, deadline: float | None, *, fresh: bool = False) -> _Connection:
+        """An idle connection, else a new one; `fresh`: always a new one (the retry after a
+        reused connection was closed: other idle ones may be closing too)."""
         now = time.monotonic()
-        while self._idle:
+        while self._idle and not fresh:
             conn, _ = self._idle.popitem()
             if conn.closed:
                 continue

@@ -423,3 +423,31 @@ def test_pieces_are_pushed_to_on_piece_until_it_hands_control_back() -> None:
 
     assert run(main()) == [b"", b"three", None]
     assert pushed == [b"one", b"two"]
+
+
+def test_a_request_meeting_only_stale_keep_alive_connections_gets_a_new_one() -> None:
+    """llama.cpp's server ends a keep-alive connection after a few requests: a request sent on it
+    meets a close and no answer. The retry must not take another idle connection that may be
+    ending too (seen: 502s under 64 streams through a real llama-server), but a new one."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(SIZED)
+        await writer.drain()
+        await read_request(reader)  # the next request on this connection: closed unanswered
+
+    async def main() -> None:
+        async with Server(handler) as server:
+            pool = http1.Pool(server.url)
+            first = await asyncio.gather(pool.request("GET", "/"), pool.request("GET", "/"))
+            for response in first:
+                assert await response.read() == b"hello"
+                await response.aclose()
+            assert pool.idle_connections == 2
+            response = await pool.request("GET", "/")
+            assert await response.read() == b"hello"
+            await response.aclose()
+            await pool.aclose()
+            assert server.connections == 3
+
+    run(main())
