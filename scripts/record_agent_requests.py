@@ -33,6 +33,8 @@ Each request is written to `tests/recordings/agents/<cli>-<version>-<scenario>-<
      "body": <the JSON body, or null>, "body_text": <a body that is not JSON, else absent>,
      "reply": <what the capture server answered: "anthropic-sse", "responses-sse", ...>}
 
+(a body sent compressed other than by gzip would be in "body_base64").
+
 Header values of `authorization`, `x-api-key` and cookies are replaced by "<dropped>"; nothing
 else is changed. Rerun after pinning a new CLI version (engines/install.py); stale files of the
 old version are removed.
@@ -41,6 +43,8 @@ old version are removed.
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
 import http.server
 import json
 import re
@@ -121,8 +125,9 @@ def responses_reply(body: dict[str, Any], n: int, *, tool_call: dict[str, Any] |
                                                                                   "status": "in_progress"}}),
                        ("response.function_call_arguments.delta", {"item_id": item["id"], "output_index": 0,
                                                                    "delta": item["arguments"]}),
-                       ("response.function_call_arguments.done", {"item_id": item["id"], "output_index": 0,
-                                                                  "name": item["name"], "arguments": item["arguments"]}),
+                       ("response.function_call_arguments.done",
+                        {"item_id": item["id"], "output_index": 0, "name": item["name"],
+                         "arguments": item["arguments"]}),
                        ("response.output_item.done", {"output_index": 0, "item": item})]
     else:
         part = {"type": "output_text", "text": ANSWER, "annotations": [], "logprobs": []}
@@ -168,10 +173,7 @@ class CaptureHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def _handle(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if self.headers.get("content-encoding"):
-            pass  # kept as text below; neither CLI compresses request bodies here
+        raw = self._read_body()
         capture = self.server.capture
         with capture.lock:
             n = len(capture.records) + 1
@@ -180,7 +182,9 @@ class CaptureHandler(http.server.BaseHTTPRequestHandler):
                 "headers": [[k, "<dropped>" if k.lower() in SECRET_HEADERS else v] for k, v in self.headers.items()],
                 "body": None,
             }
-            if raw:
+            if raw and self.headers.get("content-encoding", "identity") not in ("identity", "gzip"):
+                record["body_base64"] = base64.b64encode(raw).decode()  # (neither CLI compressed here)
+            elif raw:
                 try:
                     record["body"] = json.loads(raw)
                 except ValueError:
@@ -199,6 +203,18 @@ class CaptureHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(payload)
             self.wfile.flush()
 
+    def _read_body(self) -> bytes:
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            raw = b""
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                raw += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+        else:
+            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        return gzip.decompress(raw) if raw and self.headers.get("content-encoding") == "gzip" else raw
+
     def _reply(self, record: dict[str, Any], n: int) -> tuple[int, str, bytes, str]:
         path = self.path.split("?", 1)[0].rstrip("/")
         body = record["body"] if isinstance(record["body"], dict) else {}
@@ -213,7 +229,8 @@ class CaptureHandler(http.server.BaseHTTPRequestHandler):
             content_type, payload = responses_reply(body, n, tool_call=self.server.capture.tool_call(body))
             return 200, content_type, payload, "responses-sse"
         if self.command == "GET" and path.endswith("/models"):
-            return 200, "application/json", json.dumps({"object": "list", "data": [], "models": []}).encode(), "models-empty"
+            empty = {"object": "list", "data": [], "models": []}  # OpenAI's list; Codex's own shape
+            return 200, "application/json", json.dumps(empty).encode(), "models-empty"
         error = {"error": {"type": "not_found_error", "message": f"the capture server has no {self.command} {path}"}}
         return 404, "application/json", json.dumps(error).encode(), "404"
 
@@ -366,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {cli} {versions[cli]} {scenario}: {len(records)} requests")
             for record in records:
                 body = record["body"] if isinstance(record["body"], dict) else {}
-                print(f"   turn {record['turn']} #{record['n']} {record['method']} {record['path']} -> {record.get('reply')}"
-                      f"  model={body.get('model')} keys={sorted(body)}")
+                print(f"   turn {record['turn']} #{record['n']} {record['method']} {record['path']} "
+                      f"-> {record.get('reply')}  model={body.get('model')} keys={sorted(body)}")
             for i, turn in enumerate(turns, start=1):
                 status = "ok" if turn.returncode == 0 else f"exit {turn.returncode}"
                 print(f"   turn {i}: {status}; stdout {len(turn.stdout)} chars; stderr: {turn.stderr.strip()[-600:]!r}")
