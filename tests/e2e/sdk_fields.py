@@ -199,7 +199,8 @@ def main() -> None:
             print(f"not in the body (headers/query): {', '.join(sorted(entry.elsewhere))}")
         if entry.method_only:
             print(f"method parameters missing from the TypedDicts: {', '.join(sorted(entry.method_only))}")
-        print(f"accepted by the gateway today ({len(accepted & entry.body)}): {', '.join(sorted(accepted & entry.body))}")
+        taken = sorted(accepted & entry.body)
+        print(f"accepted by the gateway today ({len(taken)}): {', '.join(taken)}")
         print(f"not accepted today ({len(entry.body - accepted)}): {', '.join(sorted(entry.body - accepted))}")
         extra = sorted(accepted - entry.body)
         if extra:
