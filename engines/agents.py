@@ -128,7 +128,8 @@ def claude_command(prompt: str, *, base_url: str, home: Path, model: str | None 
         argv.append("--continue")
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]
-    argv += [*extra_args, prompt]
+    # `--`: `--tools` takes several values and would swallow a prompt after it
+    argv += [*extra_args, "--", prompt]
     env = _base_env(home, {
         **CLAUDE_OFFLINE_ENV,
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
