@@ -10,6 +10,7 @@ from litestar.datastructures import State
 
 from gateway.chat_api import schemas as S
 from gateway.chat_api.encode import collect, open_stream
+from gateway.chat_api.fields import COMPLETIONS_FIELDS
 from gateway.chat_api.streamed import RAISE_IN_HANDLER, chat_request_spec
 from gateway.chat_api.translate import check_completion, completion_spec
 from gateway.http.common import answer, authorize, decode_body
@@ -32,6 +33,7 @@ async def completions(request: Request, state: State) -> Response:
     gateway: Gateway = state.gateway
     authorize(request, data.model)
     check_completion(data, max_n=gateway.config.server.max_n)
+    COMPLETIONS_FIELDS.screen(data, gateway.metrics.ignored_fields)
     spec = completion_spec(data, request_id=request.state.request_id, upstream_model="",
                            limits=gateway.limits_for(data.model))
     return await answer(request, gateway, spec, open_stream, collect)

@@ -33,6 +33,7 @@ from litestar.types import ASGIApp, Receive, Send
 from gateway.chat_api import schemas as S
 from gateway.chat_api.encode import collect, open_stream
 from gateway.chat_api.exchange import ChatExchange, Opened
+from gateway.chat_api.fields import CHAT_FIELDS
 from gateway.chat_api.translate import chat_spec, check_chat
 from gateway.http.common import CLIENT_CLOSED_REQUEST, ClientRequest, answer_client, authorize_key, take_watch
 from gateway.ids import request_id_from
@@ -54,6 +55,7 @@ def chat_request_spec(gateway: Gateway, data: S.ChatCompletionRequest, key: Clie
     authorize_key(key, data.model)
     check_messages(len(data.messages), gateway.config.server.max_messages)
     check_chat(data, max_n=gateway.config.server.max_n)
+    CHAT_FIELDS.screen(data, gateway.metrics.ignored_fields)
     return chat_spec(data, request_id=request_id, upstream_model="", limits=gateway.limits_for(data.model))
 
 

@@ -16,6 +16,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from gateway.embeddings_api.encode import response
+from gateway.embeddings_api.fields import EMBEDDINGS_FIELDS
 from gateway.embeddings_api.schemas import EmbeddingsRequest
 from gateway.embeddings_api.translate import cost_of, inputs_of, routing_spec
 from gateway.http.common import (
@@ -82,6 +83,7 @@ async def create_embeddings(request: Request, state: State) -> Response:
     data = await decode_body(request, EmbeddingsRequest)
     gateway: Gateway = state.gateway
     authorize(request, data.model)
+    EMBEDDINGS_FIELDS.screen(data, gateway.metrics.ignored_fields)
     inputs = inputs_of(data)
     spec = gateway.with_routing_keys(routing_spec(data, request_id=request.state.request_id), request.headers)
     embed_request = EmbedRequest(request_id=spec.request_id, upstream_model="", inputs=inputs,

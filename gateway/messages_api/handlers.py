@@ -10,6 +10,7 @@ from litestar.datastructures import State
 from gateway.http.common import answer, authorize, decode_body, resolve_for_tokens, response_headers
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
+from gateway.messages_api.fields import COUNT_TOKENS_FIELDS, MESSAGES_FIELDS
 from gateway.messages_api.translate import count_tokens_request, messages_spec
 from gateway.service.accounting import RequestAccounting
 from gateway.service.admission import check_messages
@@ -34,6 +35,7 @@ async def create_message(request: Request, state: State) -> Response:
     gateway: Gateway = state.gateway
     authorize(request, data.model)
     check_messages(len(data.messages), gateway.config.server.max_messages)
+    MESSAGES_FIELDS.screen(data, gateway.metrics.ignored_fields)
     spec = messages_spec(data, request_id=request.state.request_id, limits=gateway.limits_for(data.model))
     return await answer(request, gateway, spec, open_stream, collect)
 
@@ -43,6 +45,7 @@ async def count_tokens(request: Request, state: State) -> Response:
     data = await decode_body(request, M.CountTokensRequest)
     gateway: Gateway = state.gateway
     check_messages(len(data.messages), gateway.config.server.max_messages)
+    COUNT_TOKENS_FIELDS.screen(data, gateway.metrics.ignored_fields)
     resolved = resolve_for_tokens(request, gateway, data.model)
     result = await resolved.backend.tokenize(count_tokens_request(data, upstream_model=resolved.target.model))
     body = msgspec.json.encode(M.TokenCount(input_tokens=len(result.tokens)))

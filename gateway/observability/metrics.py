@@ -128,6 +128,12 @@ class Metrics:
         self.tokens = self.primary.tokens
         self.in_flight = Gauge("switchyard_requests_in_flight", "Requests in flight.", LABELS, registry=r, multiprocess_mode="livesum")
         self.errors = Counter("switchyard_errors", "Errors answered, by type.", ("type",), registry=r)
+        self.ignored_fields = Counter(
+            "switchyard_ignored_fields",
+            "Request fields accepted and ignored, by wire API and field (README: what each API ignores).",
+            ("api", "field"),
+            registry=r,
+        )
         self.attempts = Counter(
             "switchyard_route_attempts",
             "Attempts to serve a request on a route's target, by outcome: ok (served), an upstream error kind "

@@ -17,6 +17,7 @@ from gateway.http.common import answer, authorize, decode_body, response_headers
 from gateway.responses_api import respond as service
 from gateway.responses_api import schemas as R
 from gateway.responses_api import translate
+from gateway.responses_api.fields import RESPONSES_FIELDS
 from gateway.responses_api.store import open_store
 from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
@@ -40,6 +41,7 @@ async def create_response(request: Request, state: State) -> Response:
     responses = _state(state)
     authorize(request, req.model)
     translate.check_request(req)
+    RESPONSES_FIELDS.screen(req, gateway.metrics.ignored_fields)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         previous = await responses.store.get(req.previous_response_id) if responses.store is not None else None
