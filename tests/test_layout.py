@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
-CODE = ("gateway", "plugins", "builtin_engine", "kernels", "engines", "switchyard")
+CODE = ("gateway", "plugins", "builtin_engine", "kernels", "engines", "switchyard", "deploy")
 NOT_MIRRORS = ("e2e", "support")
 # Types every test on its side speaks (a backend's requests, events and errors; the engine's
 # sampling parameters): importing them says nothing about which folder a test is about.

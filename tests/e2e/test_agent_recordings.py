@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from engines import install
-from tests.e2e import agent_recordings
-from tests.e2e.agent_recordings import CLIS, FILE_NAME, SCENARIOS, AgentRequest
+from tests.support import agent_recordings
+from tests.support.agent_recordings import CLIS, FILE_NAME, SCENARIOS, AgentRequest
 
 PINNED = {"claude": install.CLAUDE_CODE.version, "codex": install.CODEX.version}
 SECRET_HEADERS = {"authorization", "x-api-key", "proxy-authorization", "cookie"}

@@ -1,4 +1,4 @@
-"""The field inventory read from the pinned official SDKs (tests/e2e/sdk_fields.py) is complete
+"""The field inventory read from the pinned official SDKs (tests/support/sdk_fields.py) is complete
 and consistent, and knows every top-level field the real agent CLIs send, but the one Codex
 adds of its own."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import agent_recordings, sdk_fields
+from tests.support import agent_recordings, sdk_fields
 
 INVENTORY = {entry.api: entry for entry in sdk_fields.inventory()}
 # what the SDK methods take beside the body: headers (`betas` -> anthropic-beta,

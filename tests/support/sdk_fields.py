@@ -12,7 +12,7 @@ Two readings of each SDK, which a test keeps in agreement:
   source with `ast`). A TypedDict key that is not among them goes elsewhere: a header
   (`betas` -> `anthropic-beta`), the query (`beta=true`) or nowhere.
 
-    python -m tests.e2e.sdk_fields            # the inventory, and what the gateway's structs take
+    python -m tests.support.sdk_fields            # the inventory, and what the gateway's structs take
 
 `GATEWAY_STRUCTS` names the gateway's request struct per API by dotted path, so the comparison
 follows the structs when they move.
