@@ -23,10 +23,15 @@ class InvalidRequest(SwitchyardError):
 
 
 class ContextLengthExceeded(InvalidRequest):
-    """Prompt plus requested output does not fit the model's context."""
+    """Prompt plus requested output does not fit the model's context. `prompt_tokens` and
+    `max_model_len`, where the backend can tell them, let each wire API word it as its clients
+    expect (Anthropic's `prompt is too long: N tokens > M maximum`)."""
 
-    def __init__(self, message: str, *, param: str | None = "messages") -> None:
+    def __init__(self, message: str, *, param: str | None = "messages", prompt_tokens: int | None = None,
+                 max_model_len: int | None = None) -> None:
         super().__init__(message, param=param, code="context_length_exceeded")
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
 
 
 class AuthenticationFailed(SwitchyardError):
