@@ -14,8 +14,9 @@ call them, and a slot is freed once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, Protocol
+
+import msgspec
 
 Outcome = Literal["granted", "queued", "queue_full", "slo"]
 
@@ -24,8 +25,7 @@ class LedgerError(Exception):
     """The shared ledger could not be reached or did not answer in time."""
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(msgspec.Struct, frozen=True):
     """One request as the ledger knows it."""
 
     id: str  # `fair_order.entry_id`: unique among every worker sharing the ledger
@@ -35,8 +35,7 @@ class Entry:
     weight: float
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
+class Arrival(msgspec.Struct, frozen=True):
     outcome: Outcome
     ahead: int  # tokens waiting ahead of it (queued, slo); every waiting token (queue_full); 0 (granted)
     woken: tuple[str, ...]

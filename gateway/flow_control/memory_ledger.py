@@ -4,7 +4,10 @@ Each band keeps its entries twice, sorted: by `(tag, id)` to serve the head, and
 `(entered, id)` — when the entry came into the band — to age the oldest. Queues are bounded
 (`max_queue`), so a sorted list's insertion, a C-speed move, beats a tree here. Nothing awaits
 inside a step: each is atomic on the event loop, and a grant with room and nothing waiting is a
-few dictionary operations.
+few dictionary operations. The steps are plain methods (`*_now`), which `FlowQueue` calls
+inline — no coroutine, no task — beside the `Ledger` protocol's async ones; they take the
+capacity as a callable, read only when the step needs it (a release with nobody waiting does
+not).
 """
 
 from __future__ import annotations
@@ -60,9 +63,21 @@ class MemoryLedger:
     # -- the steps ------------------------------------------------------------------------------
 
     async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None) -> Arrival:
-        woken = self._dispatch(capacity) if self._waiting else ()
+        return self.arrive_now(entry, lambda: capacity, max_queue, max_ahead)
+
+    async def dispatch(self, capacity: int) -> tuple[str, ...]:
+        return self.dispatch_now(lambda: capacity)
+
+    async def release(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+        return self.release_now(entry_id, lambda: capacity)
+
+    async def withdraw(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+        return self.withdraw_now(entry_id, lambda: capacity)
+
+    def arrive_now(self, entry: Entry, slots: Callable[[], int], max_queue: int, max_ahead: int | None) -> Arrival:
+        woken = self.dispatch_now(slots) if self._waiting else ()
         start = start_tag(self.vclock, self.finish.get(entry.tenant))
-        if not self._waiting and len(self.running) < capacity:
+        if not self._waiting and len(self.running) < slots():
             self._remember(entry, start)
             self.vclock = start
             self.running.add(entry.id)
@@ -76,26 +91,22 @@ class MemoryLedger:
         self._insert(entry.id, _Waiting(start, self.clock(), entry.band, entry.cost))
         return Arrival("queued", ahead, woken)
 
-    async def dispatch(self, capacity: int) -> tuple[str, ...]:
-        return self._dispatch(capacity)
-
-    async def release(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+    def release_now(self, entry_id: str, slots: Callable[[], int]) -> tuple[str, ...]:
         self.running.discard(entry_id)
-        return self._dispatch(capacity)
+        return self.dispatch_now(slots)
 
-    async def withdraw(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+    def withdraw_now(self, entry_id: str, slots: Callable[[], int]) -> tuple[str, ...]:
         waiting = self._waiting.get(entry_id)
         if waiting is not None:
             self._remove(entry_id, waiting)
         self.running.discard(entry_id)
-        return self._dispatch(capacity)
+        return self.dispatch_now(slots)
 
-    # -- inside a step ----------------------------------------------------------------------------
-
-    def _dispatch(self, capacity: int) -> tuple[str, ...]:
+    def dispatch_now(self, slots: Callable[[], int]) -> tuple[str, ...]:
         if not self._waiting:
             return ()
         self._age()
+        capacity = slots()
         woken: list[str] = []
         while len(self.running) < capacity and self._waiting:
             band = next(b for b, entries in enumerate(self._by_tag) if entries)
@@ -106,6 +117,8 @@ class MemoryLedger:
             self.running.add(entry_id)
             woken.append(entry_id)
         return tuple(woken)
+
+    # -- inside a step ----------------------------------------------------------------------------
 
     def _age(self) -> None:
         """Move each entry that has waited `aging_s` in its band one band up, highest band

@@ -18,6 +18,9 @@ process, a few dictionary operations. Otherwise it waits in fair order until a s
 (`ticket.release()` serves the next at once), capacity grows (`poke()`, or the next poll), its
 wait passes `queue_timeout_s` (429) or its deadline (504), or its client goes away.
 
+On the in-process ledger every step runs inline, in the caller's turn of the event loop; on a
+shared ledger a step that nobody awaits (a release, a poke) runs in a task of its own.
+
 Cancellation is safe at every await: a waiter that leaves — cancelled, timed out, failed by the
 drain — withdraws its entry in a clean-up step that runs to its end even if the waiter is
 cancelled again; an entry granted just as its waiter left is released, never leaked.
@@ -35,9 +38,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from gateway.flow_control.errors import QueueShed
 from gateway.flow_control.fair_order import entry_id
 from gateway.flow_control.ledger import Arrival, Entry, Ledger, LedgerError
+from gateway.flow_control.memory_ledger import MemoryLedger
 from gateway.flow_control.service_rate import ServiceRate, WaitPredictor
 from gateway.flow_control.stats import FlowCounters, FlowObserver
 from gateway.keys.limiter import StateUnavailable
@@ -49,8 +55,7 @@ STATE_RETRY_S = 1.0  # after a ledger failure, it is left alone this long
 CLOSE_DRAIN_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
+class Ask(msgspec.Struct, frozen=True):
     """What one request asks of the queue."""
 
     tenant: str
@@ -105,6 +110,7 @@ class FlowQueue:
         self.predictor = WaitPredictor(self.rate)
         self.observer: FlowObserver = observer or FlowCounters()
         self.on_state_error = on_state_error
+        self._local = ledger if isinstance(ledger, MemoryLedger) else None  # its steps run inline
         self.depth: Counter[tuple[str, int]] = Counter()  # this worker's waiting requests by (tenant, band)
         self._ids = itertools.count()
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -120,31 +126,36 @@ class FlowQueue:
         `StateUnavailable` (503, a shared ledger down and `on_state_error = "deny"`)."""
         loop = asyncio.get_running_loop()
         entry = Entry(entry_id(next(self._ids), self.ledger.owner), ask.tenant, ask.band, ask.cost, ask.weight)
-        if loop.time() < self._down_until:
-            return self._unaccounted(entry, ask, None)
-        capacity = self.capacity()
-        max_ahead = None if ask.slo_s is None else self.predictor.max_ahead(ask.slo_s, capacity)
-        waiter = loop.create_future()
-        self._waiters[entry.id] = waiter  # before the step: a grant may come back before it does
-        try:
-            arrival = await self.ledger.arrive(entry, capacity=self._open_slots(capacity), max_queue=self.limits.max_queue,
-                                               max_ahead=max_ahead)
-        except LedgerError as exc:
+        max_ahead = None if ask.slo_s is None else self.predictor.max_ahead(ask.slo_s, self.capacity())
+        waiter: asyncio.Future[None] | None = None
+        if self._local is not None:
+            arrival = self._local.arrive_now(entry, self._open_slots, self.limits.max_queue, max_ahead)
+        else:
+            if loop.time() < self._down_until:
+                return self._unaccounted(entry, ask, None)
+            waiter = self._waiters[entry.id] = loop.create_future()  # before the step: a grant may come back first
+            try:
+                arrival = await self.ledger.arrive(entry, capacity=self._open_slots(), max_queue=self.limits.max_queue,
+                                                   max_ahead=max_ahead)
+            except LedgerError as exc:
+                del self._waiters[entry.id]
+                return self._unaccounted(entry, ask, exc)
+            except BaseException:
+                del self._waiters[entry.id]
+                self._spawn(self.ledger.withdraw(entry.id, self._open_slots()))  # cancelled mid-step: it may have counted
+                raise
+        if arrival.woken:
+            self._wake(arrival.woken)
+        if arrival.outcome == "queued":
+            if waiter is None:
+                waiter = self._waiters[entry.id] = loop.create_future()
+            return await self._wait(entry, ask, waiter, deadline)
+        if waiter is not None:
             del self._waiters[entry.id]
-            return self._unaccounted(entry, ask, exc)
-        except BaseException:
-            del self._waiters[entry.id]
-            self._spawn(self.ledger.withdraw(entry.id, self._open_slots()))  # cancelled mid-step: it may have counted
-            raise
-        self._wake(arrival.woken)
         if arrival.outcome == "granted":
-            del self._waiters[entry.id]
             self.observer.admitted(self.backend, ask.tenant, ask.band, None)
             return Ticket(self, entry, loop.time(), None)
-        if arrival.outcome != "queued":
-            del self._waiters[entry.id]
-            raise self._shed(ask, arrival, capacity)
-        return await self._wait(entry, ask, waiter, deadline)
+        raise self._shed(ask, arrival, self.capacity())
 
     @asynccontextmanager
     async def slot(self, ask: Ask, deadline: Deadline | None = None) -> AsyncIterator[Ticket]:
@@ -189,8 +200,11 @@ class FlowQueue:
 
     async def _leave(self, entry: Entry) -> None:
         """Take a waiter that is going away out of the ledger: `withdraw` takes it out of the
-        queue, or releases it if its grant came just as it left. The step runs to its end
-        whatever happens to the waiter meanwhile."""
+        queue, or releases it if its grant came just as it left. On a shared ledger the step
+        runs to its end whatever happens to the waiter meanwhile."""
+        if self._local is not None:
+            self._wake(self._local.withdraw_now(entry.id, self._open_slots))
+            return
         await asyncio.shield(self._spawn(self.ledger.withdraw(entry.id, self._open_slots())))
 
     def _shed(self, ask: Ask, arrival: Arrival, capacity: int) -> QueueShed:
@@ -221,12 +235,19 @@ class FlowQueue:
 
     def _release(self, ticket: Ticket) -> None:
         self.rate.observe(ticket.entry.cost, asyncio.get_running_loop().time() - ticket.granted_at)
-        self._spawn(self.ledger.release(ticket.entry.id, self._open_slots()))
+        if self._local is not None:
+            woken = self._local.release_now(ticket.entry.id, self._open_slots)
+            if woken:
+                self._wake(woken)
+        else:
+            self._spawn(self.ledger.release(ticket.entry.id, self._open_slots()))
 
     def poke(self) -> None:
         """Capacity may have grown (a replica joined, an engine reported less load): serve the
         waiters it has room for now rather than at the next poll."""
-        if self._waiters:
+        if self._local is not None:
+            self._wake(self._local.dispatch_now(self._open_slots))
+        elif self._waiters:
             self._spawn(self.ledger.dispatch(self._open_slots()))
 
     def fail_waiters(self, error: BaseException) -> None:
@@ -249,11 +270,11 @@ class FlowQueue:
 
     # -- inside --------------------------------------------------------------------------------------
 
-    def _open_slots(self, capacity: int | None = None) -> int:
+    def _open_slots(self) -> int:
         """The capacity the ledger grants against: none while the engines take no more."""
         if self.has_room is not None and not self.has_room():
             return 0
-        return self.capacity() if capacity is None else capacity
+        return self.capacity()
 
     def _spawn(self, step: Awaitable[tuple[str, ...]]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._apply(step))
@@ -287,7 +308,9 @@ class FlowQueue:
         made to them."""
         while self._waiters:
             await asyncio.sleep(self.limits.poll_interval_s)
-            if self._waiters:
+            if self._local is not None:
+                self._wake(self._local.dispatch_now(self._open_slots))
+            elif self._waiters:
                 await self._apply(self.ledger.dispatch(self._open_slots()))
 
 

@@ -207,10 +207,9 @@ async def test_a_grant_that_meets_a_cancellation_is_passed_on(queue: FlowQueue) 
     unlucky = served.wait_for(Ask("a", 1, 100))
     next_in_line = served.wait_for(Ask("b", 1, 100))
     await until(lambda: queue.num_waiting == 2)
-    holding.release()  # the release step runs on the next turn and grants `unlucky`...
-    await asyncio.sleep(0)
+    holding.release()  # grants `unlucky` at once; it would resume on the next turn...
     assert len(ledger_of(queue).running) == 1 and holding.entry.id not in ledger_of(queue).running
-    unlucky.cancel()  # ...which is cancelled before it could resume
+    unlucky.cancel()  # ...but is cancelled before it could
     with pytest.raises(asyncio.CancelledError):
         await unlucky
     ticket = await next_in_line
