@@ -22,10 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
-from time import process_time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from time import process_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

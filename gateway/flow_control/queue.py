@@ -13,8 +13,10 @@ The backend supplies two readings, taken at each step: `capacity()`, how many re
 run at once (its routable replicas' slots), and `has_room()`, whether its engines still take
 more (some replica below its concurrency and not reporting a queue of its own). The ledger
 grants while fewer than `capacity()` run — counting the grants not yet placed on a replica, and
-with a shared ledger every worker's — and `has_room()` holds. A request that finds room and nobody waiting is granted in one ledger step — in this
-process, a few dictionary operations. Otherwise it waits in fair order until a slot frees
+with a shared ledger every worker's — and `has_room()` holds.
+
+A request that finds room and nobody waiting is granted in one ledger step: in this process, a
+few dictionary operations. Otherwise it waits in fair order until a slot frees
 (`ticket.release()` serves the next at once), capacity grows (`poke()`, or the next poll), its
 wait passes `queue_timeout_s` (429) or its deadline (504), or its client goes away.
 
@@ -47,7 +49,7 @@ from gateway.flow_control.memory_ledger import MemoryLedger
 from gateway.flow_control.service_rate import ServiceRate, WaitPredictor
 from gateway.flow_control.stats import FlowCounters, FlowObserver
 from gateway.keys.limiter import StateUnavailable
-from gateway.limits import Deadline
+from gateway.limits import RETRY_AFTER_S, Deadline
 
 log = logging.getLogger("switchyard.flow_control")
 
@@ -185,7 +187,7 @@ class FlowQueue:
                 self.observer.shed(self.backend, ask.tenant, ask.band, "timeout")
                 raise QueueShed(
                     f"Backend `{self.backend}` had no free slot within {self.limits.queue_timeout_s:g} s; retry later.",
-                    reason="timeout", retry_after_s=self.predictor.retry_after_s(ask.cost, self.capacity()),
+                    reason="timeout", retry_after_s=RETRY_AFTER_S,
                 ) from None
             self.observer.shed(self.backend, ask.tenant, ask.band, "cancelled" if isinstance(exc, asyncio.CancelledError) else "shutdown")
             raise
