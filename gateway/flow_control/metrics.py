@@ -37,15 +37,19 @@ class FlowMetrics:
                                   (*labels, "path"), registry=registry)
         self.sheds = Counter("switchyard_flow_sheds", "Requests that left a backend's queue without a slot, by reason.",
                              (*labels, "reason"), registry=registry)
+        self._admitted: dict[tuple[str, str, int, str], Any] = {}  # label children, resolved once
 
     def tenant_label(self, tenant: str) -> str:
         return tenant if self.tenants_bounded else UNBOUNDED_TENANT
 
     def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None) -> None:
-        labels = (backend, self.tenant_label(tenant), str(band))
-        self.admissions.labels(*labels, "immediate" if queued_s is None else "queued").inc()
+        key = (backend, self.tenant_label(tenant), band, "immediate" if queued_s is None else "queued")
+        child = self._admitted.get(key)  # keyed by the labels: bounded however many tenants come
+        if child is None:
+            child = self._admitted[key] = self.admissions.labels(key[0], key[1], str(band), key[3])
+        child.inc()
         if queued_s is not None:
-            observe(self.waits.labels(*labels), queued_s)
+            observe(self.waits.labels(backend, self.tenant_label(tenant), str(band)), queued_s)
 
     def shed(self, backend: str, tenant: str, band: int, reason: str) -> None:
         self.sheds.labels(backend, self.tenant_label(tenant), str(band), reason).inc()
