@@ -11,6 +11,9 @@ their route's time-to-first-token objective. While the backend has room nothing 
   `memory_ledger.py` in this process, `redis_ledger.py` shared by every worker through Redis.
 - `service_rate.py`: tokens per second per slot, and the wait it predicts.
 - `queue.py`: `FlowQueue.admit(ask) -> Ticket` / `ticket.release()`, per backend.
+- `policy.py`: a request's facts (key, headers, `user`, `priority`, cost, route SLO) to its `Ask`
+  and the priority the engine is sent; `build.py`: a backend's queue from the knobs.
+- `capacity.py`: a fleet's capacity and room, from its replicas; `cost.py`: a request's tokens.
 - `errors.py`: `QueueShed` (429 with `Retry-After`); `stats.py` and `metrics.py`: what is seen.
 """
 
@@ -19,12 +22,13 @@ from gateway.flow_control.config import BackendFlowConfig, FlowControlConfig, Ke
 from gateway.flow_control.errors import QueueShed
 from gateway.flow_control.ledger import Ledger, LedgerError
 from gateway.flow_control.memory_ledger import MemoryLedger
+from gateway.flow_control.policy import FlowPolicy
 from gateway.flow_control.queue import Ask, FlowQueue, QueueLimits, Ticket, new_owner
 from gateway.flow_control.service_rate import ServiceRate
 from gateway.flow_control.tenant import TenantSource
 
 __all__ = [
-    "Ask", "BackendFlowConfig", "Bands", "FlowControlConfig", "FlowQueue", "KeyFlowFields", "Ledger", "LedgerError",
+    "Ask", "BackendFlowConfig", "Bands", "FlowControlConfig", "FlowPolicy", "FlowQueue", "KeyFlowFields", "Ledger", "LedgerError",
     "MemoryLedger", "QueueLimits", "QueueShed", "RouteFlowFields", "ServiceRate", "TenantSource", "Ticket",
     "check_flow_config", "new_owner",
 ]
