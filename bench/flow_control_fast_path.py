@@ -30,9 +30,9 @@ from time import process_time
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import free_port, median, print_header, use_uvloop  # noqa: E402
-from gateway.flow_control.memory_ledger import MemoryLedger  # noqa: E402
+from gateway.flow_control.ledger.memory_ledger import MemoryLedger  # noqa: E402
 from gateway.flow_control.queue import Ask, FlowQueue  # noqa: E402
-from gateway.limits import BackendLimiter  # noqa: E402
+from gateway.service.admission import BackendLimiter  # noqa: E402
 
 ASK = Ask("team-a", 1, 1124, weight=1.0)
 SLOTS = 1_000_000  # never full: every admission goes straight through
@@ -82,7 +82,7 @@ async def admit_release_cycle(calls: int) -> float:
 
 def redis_admit(url: str) -> Callable[[int], Awaitable[float]]:
     async def run(calls: int) -> float:
-        from gateway.flow_control.redis_ledger import RedisLedger
+        from gateway.flow_control.ledger.redis_ledger import RedisLedger
         from gateway.keys.resp import RespClient
 
         client = RespClient(url, timeout_s=2.0)
@@ -157,6 +157,7 @@ def main() -> None:
     turn_cpu = results["loop turn alone (sleep(0))"][1]
     print(f"CPU beyond a loop turn: FlowQueue admit+release {results['FlowQueue admit+release+turn'][1] - turn_cpu:.2f} us, "
           f"today's BackendLimiter acquire+release {results['BackendLimiter acquire+release+turn'][1] - turn_cpu:.2f} us")
+
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gateway.metrics import LATENCY_BUCKETS, observe
+from gateway.observability.metrics import LATENCY_BUCKETS, observe
 
 DEPTH = "switchyard_flow_queue_depth"
 WORKER_MODES = {DEPTH: "livesum"}

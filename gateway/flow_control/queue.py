@@ -38,23 +38,27 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
-from gateway.flow_control.errors import QueueShed
-from gateway.flow_control.fair_order import entry_id
-from gateway.flow_control.ledger import Arrival, Entry, Ledger, LedgerError
-from gateway.flow_control.memory_ledger import MemoryLedger
+from gateway.errors import RETRY_AFTER_S, QueueShed, StateUnavailable
+from gateway.flow_control.ledger import Arrival, Entry, Ledger, LedgerError, MemoryLedger, entry_id
 from gateway.flow_control.service_rate import ServiceRate, WaitPredictor
 from gateway.flow_control.stats import FlowCounters, FlowObserver
-from gateway.keys.limiter import StateUnavailable
-from gateway.limits import RETRY_AFTER_S, Deadline
 
 log = logging.getLogger("switchyard.flow_control")
 
 STATE_RETRY_S = 1.0  # after a ledger failure, it is left alone this long
 CLOSE_DRAIN_S = 5.0
+
+
+class Deadline(Protocol):
+    """When the request must be over (`gateway.service.admission.Deadline`)."""
+
+    at: float  # event-loop time
+
+    def error(self) -> BaseException: ...
 
 
 class Ask(msgspec.Struct, frozen=True):
@@ -158,6 +162,27 @@ class FlowQueue:
             self.observer.admitted(self.backend, ask.tenant, ask.band, None)
             return Ticket(self, entry, loop.time(), None)
         raise self._shed(ask, arrival, self.capacity())
+
+    async def try_admit(self, ask: Ask) -> Ticket | None:
+        """A slot at once, or None: the backend is full, someone waits, or a shared ledger is
+        unreachable. Never waits and counts no shed (a shadow copy is skipped, not refused)."""
+        loop = asyncio.get_running_loop()
+        entry = Entry(entry_id(next(self._ids), self.ledger.owner), ask.tenant, ask.band, ask.cost, ask.weight)
+        if self._local is not None:
+            arrival = self._local.arrive_now(entry, self._open_slots, 0, None)
+        else:
+            if loop.time() < self._down_until:
+                return None
+            try:
+                arrival = await self.ledger.arrive(entry, capacity=self._open_slots(), max_queue=0, max_ahead=None)
+            except LedgerError:
+                return None
+            except BaseException:
+                self._spawn(self.ledger.withdraw(entry.id, self._open_slots()))
+                raise
+        if arrival.woken:
+            self._wake(arrival.woken)
+        return Ticket(self, entry, loop.time(), None) if arrival.outcome == "granted" else None
 
     @asynccontextmanager
     async def slot(self, ask: Ask, deadline: Deadline | None = None) -> AsyncIterator[Ticket]:

@@ -1,6 +1,6 @@
 """One gateway worker of the two-process test, run as its own Python process:
 
-    python -m tests.flow_control.queue_worker REDIS_URL OWNER TENANT COUNT
+    python -m tests.gateway.flow_control.queue_worker REDIS_URL OWNER TENANT COUNT
 
 It queues COUNT requests of TENANT on backend `fleet` (one slot, shared through Redis) with a
 real `FlowQueue` and `RedisLedger`; each request, once granted, appends its tenant to the Redis
@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from gateway.flow_control.ledger.redis_ledger import RedisLedger
 from gateway.flow_control.queue import Ask, FlowQueue, QueueLimits
-from gateway.flow_control.redis_ledger import RedisLedger
 from gateway.keys.resp import RespClient
 
 BACKEND = "fleet"

@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.errors import error_payload
-from gateway.flow_control.errors import QueueShed
-from gateway.flow_control.memory_ledger import MemoryLedger
+from gateway.errors import DeadlineExceeded, QueueShed, ShuttingDown, error_payload
+from gateway.flow_control.ledger.memory_ledger import MemoryLedger
 from gateway.flow_control.queue import Ask, FlowQueue, QueueLimits
 from gateway.flow_control.stats import FlowCounters
-from gateway.limits import Deadline, DeadlineExceeded, ShuttingDown
-from tests.flow_control.driving import Backend, Served, until
-from tests.keys.conftest import FakeClock
+from gateway.service.admission import Deadline
+from tests.gateway.flow_control.driving import Backend, Served, until
+from tests.gateway.keys.conftest import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from gateway.errors import StateUnavailable
+from gateway.flow_control.ledger.redis_ledger import RedisLedger
 from gateway.flow_control.queue import Ask, FlowQueue, QueueLimits
-from gateway.flow_control.redis_ledger import RedisLedger
-from gateway.keys.limiter import StateUnavailable
 from gateway.keys.resp import RespClient
-from tests.flow_control.queue_worker import ledger_for
+from tests.gateway.flow_control.queue_worker import ledger_for
 from tests.support.redis_server import RedisServer
 from tests.support.server import free_port
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROCESS_WAIT_S = 60.0
 
 
@@ -35,7 +35,7 @@ async def wait_for(condition_coro, what: str) -> None:  # type: ignore[no-untype
 
 
 def start_worker(redis: RedisServer, owner: str, tenant: str, count: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tests.flow_control.queue_worker", redis.url, owner, tenant, str(count)],
+    return subprocess.Popen([sys.executable, "-m", "tests.gateway.flow_control.queue_worker", redis.url, owner, tenant, str(count)],
                             cwd=ROOT, stderr=subprocess.PIPE)
 
 

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.flow_control.errors import QueueShed
-from gateway.flow_control.memory_ledger import MemoryLedger
+from gateway.errors import QueueShed
+from gateway.flow_control.ledger.memory_ledger import MemoryLedger
 from gateway.flow_control.metrics import DepthCollector, FlowMetrics
 from gateway.flow_control.queue import Ask, FlowQueue, QueueLimits
-from tests.flow_control.driving import until
+from tests.gateway.flow_control.driving import until
 
 pytestmark = pytest.mark.anyio
 

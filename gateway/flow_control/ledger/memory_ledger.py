@@ -17,8 +17,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.flow_control.fair_order import finish_tag, start_tag
-from gateway.flow_control.ledger import Arrival, Entry
+from gateway.flow_control.ledger.base import Arrival, Entry
+from gateway.flow_control.ledger.fair_order import finish_tag, start_tag
 
 PRUNE_TENANTS_AT = 4096  # past this many remembered tenants, forget those whose tags V has passed
 

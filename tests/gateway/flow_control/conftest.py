@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.keys.conftest import FakeClock, redis, redis_session  # noqa: F401  (fixtures)
+from tests.gateway.keys.conftest import FakeClock, redis, redis_session  # noqa: F401  (fixtures)
 
 
 @pytest.fixture

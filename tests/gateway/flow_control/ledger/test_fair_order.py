@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.flow_control.fair_order import entry_id
-from gateway.flow_control.ledger import Entry, Ledger
-from gateway.flow_control.memory_ledger import MemoryLedger
-from gateway.flow_control.redis_ledger import RedisLedger
+from gateway.flow_control.ledger.base import Entry, Ledger
+from gateway.flow_control.ledger.fair_order import entry_id
+from gateway.flow_control.ledger.memory_ledger import MemoryLedger
+from gateway.flow_control.ledger.redis_ledger import RedisLedger
 from gateway.keys.resp import RespClient
-from tests.keys.conftest import FakeClock
+from tests.gateway.keys.conftest import FakeClock
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio

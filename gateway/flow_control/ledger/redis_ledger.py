@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.flow_control.ledger import Arrival, Entry, LedgerError
+from gateway.flow_control.ledger.base import Arrival, Entry, LedgerError
 from gateway.keys.resp import RedisReplyError, RedisUnavailable, RespClient, Script
 
 TENANT_IDLE_S = 3600  # a tenant's finish tag is forgotten after this long without a request
