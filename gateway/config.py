@@ -62,8 +62,8 @@ class FlowControlConfig(_Config):
     # `priority` (lower is served earlier) to band: band i holds the priorities below edge i and
     # at or above edge i-1; [0, 1]: negative = band 0 (first), 0 = band 1, positive = band 2
     band_edges: tuple[int, ...] = (0, 1)
-    # a waiting request rises one band per `aging_s` waited; None: bands are strict
-    aging_s: Annotated[float, Meta(gt=0.0)] | None = 30.0
+    # a waiting request rises one band per `aging_s` waited; 0: bands are strict
+    aging_s: Annotated[float, Meta(ge=0.0)] = 30.0
     # what a request may say about its own priority: "honour" it, "lower_only" (only ask to be
     # served later than its key's `priority`), or "ignore" it
     client_priority: Literal["honour", "lower_only", "ignore"] = "honour"
@@ -71,8 +71,8 @@ class FlowControlConfig(_Config):
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 60.0  # the longest wait; then 429 with Retry-After
     # the time-to-first-token objective of routes without their own; None: no SLO shedding
     ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None
-    # a request's cost is its prompt's estimated tokens plus its `max_tokens` up to this (None: all)
-    output_tokens_cap: Annotated[int, Meta(ge=1)] | None = 1024
+    # a request's cost is its prompt's estimated tokens plus its `max_tokens` up to this (0: all of it)
+    output_tokens_cap: Annotated[int, Meta(ge=0)] = 1024
     rate_smoothing: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.2  # how far each completion moves the service rate
     # while requests wait: how often capacity is re-read (and, with `state`, other workers' grants collected)
     poll_interval_s: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02

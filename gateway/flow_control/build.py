@@ -62,10 +62,10 @@ def build_ledger(backend: str, config: FlowControlConfig, limits: QueueLimits, *
     `lease_s`: the longest a request may run (`gateway.keys.longest_deadline` plus its margin)."""
     num_bands = Bands(config.band_edges).num_bands
     if client is None:
-        return MemoryLedger(num_bands, config.aging_s, owner=owner)
+        return MemoryLedger(num_bands, config.aging_s or None, owner=owner)
     from gateway.flow_control.ledger.redis_ledger import RedisLedger  # only where Redis is used
 
-    return RedisLedger(client, backend, num_bands=num_bands, aging_s=config.aging_s, owner=owner, lease_s=lease_s,
+    return RedisLedger(client, backend, num_bands=num_bands, aging_s=config.aging_s or None, owner=owner, lease_s=lease_s,
                        expiry_s=limits.queue_timeout_s)
 
 

@@ -28,8 +28,9 @@ class Asked(msgspec.Struct, frozen=True):
     priority: int  # what the engine is sent in `priority`
 
 
-def flow_cost(reserved: TokenCost, output_tokens_cap: int | None) -> int:
-    completion = reserved.completion if output_tokens_cap is None else min(reserved.completion, output_tokens_cap)
+def flow_cost(reserved: TokenCost, output_tokens_cap: int) -> int:
+    """Tokens: the prompt's estimate and the completion up to `output_tokens_cap` (0: no cap)."""
+    completion = min(reserved.completion, output_tokens_cap) if output_tokens_cap else reserved.completion
     return max(1, reserved.prompt + completion)
 
 

@@ -44,7 +44,8 @@ def test_the_tables_read_into_keys_backends_and_routes() -> None:
 @pytest.mark.parametrize(("text", "names"), [
     ('[server.flow_control]\ntenant = "cookie"\n', "at `server.flow_control.tenant`"),
     ('[server.flow_control]\ntenant = "header:"\n', "at `server.flow_control.tenant`"),
-    ('[server.flow_control]\naging_s = 0\n', "at `server.flow_control.aging_s`"),
+    ('[server.flow_control]\naging_s = -1\n', "at `server.flow_control.aging_s`"),
+    ('[server.flow_control]\noutput_tokens_cap = -1\n', "at `server.flow_control.output_tokens_cap`"),
     ('[server.flow_control]\nmax_queue = -1\n', "at `server.flow_control.max_queue`"),
     ('[server.flow_control]\nqueue_timeout_s = 0\n', "at `server.flow_control.queue_timeout_s`"),
     ('[server.flow_control]\nclient_priority = "always"\n', "at `server.flow_control.client_priority`"),
@@ -96,5 +97,5 @@ def test_tenant_sources() -> None:
 def test_cost_counts_the_prompt_and_output_up_to_the_cap() -> None:
     assert flow_cost(TokenCost(prompt=100, completion=30_000), 1024) == 1124
     assert flow_cost(TokenCost(prompt=100, completion=50), 1024) == 150
-    assert flow_cost(TokenCost(prompt=100, completion=30_000), None) == 30_100
-    assert flow_cost(TokenCost(prompt=0, completion=0), None) == 1
+    assert flow_cost(TokenCost(prompt=100, completion=30_000), 0) == 30_100  # 0: no cap
+    assert flow_cost(TokenCost(prompt=0, completion=0), 0) == 1
