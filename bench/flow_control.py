@@ -1,11 +1,10 @@
 """When the fleet is full (issue #34): three tenants on three llama.cpp replicas, side by side
-through each arm. SKELETON: the trace, the arms, the figures and the targets are here; the
-`flow` arm needs flow control wired into the request path (`[server.flow_control]` read by
-`gateway/config.py`), and until then stops at start-up on the unknown key and is reported as
-not wired.
+through each arm.
 
     .venv/bin/python bench/flow_control.py --plan        # the trace and the arms, no server started
-    .venv/bin/python bench/flow_control.py               # every arm (needs `make engines`)
+    .venv/bin/python bench/flow_control.py               # every arm (needs `make engines`, sglang-router:
+                                                         # python bench/router_envs.py install)
+    .venv/bin/python bench/flow_control.py --short       # a 40 s trace of smaller requests: ~12 min
     .venv/bin/python bench/flow_control.py --arms flow plain --duration 30
 
 Capacity first: the plain arm under a closed loop of `slots x replicas` streams for
@@ -16,10 +15,11 @@ arrivals, fixed seed) of `--duration` seconds:
 - tenant B (`key-b`): interactive, 10% of capacity, priority 0, route `ttft_slo_ms` applies;
 - tenant C (`key-c`): batch, 30% of capacity, priority 10 (a lower band).
 
-Every request: the same ~200-token prompt with a per-request nonce (no prefix-cache windfall),
-`max_tokens` 32, streamed. Keys have equal `weight`, so A's weighted share is a third.
+Every request: the same ~640-token prompt (`--short`: ~130) with a per-request nonce (no prefix-cache windfall),
+`max_tokens` 32 (`--short`: 16), streamed. Keys have equal `weight`, so A's weighted share is a third.
 
-Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots), `plain` (Switchyard,
+Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots, the keys' `priority`
+C's, the server's `ttft_slo_ms` 4 s), `plain` (Switchyard,
 flow control off, `prefix_cache` placement), `sglang_cache_aware` (sglang-router), `engine_priority`
 (the engines' own priority alone: llama-server has none, so this arm needs vLLM replicas and is
 skipped here), and `b_alone` (only tenant B's requests through `plain`: B's own baseline).
@@ -48,11 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, Server, free_port, pct, print_header, spawn, wait_ready, write_result  # noqa: E402
 
-MODEL = "smol"
+MODEL = "smol"  # the interactive route (A and B), `ttft_slo_ms` in the flow arm
+BATCH_MODEL = "smol-batch"  # C's route: the same fleet, no SLO (a batch job waits rather than be refused)
 SLOTS = 2  # llama-server -np per replica
 TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, 0), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
 ARMS = ("flow", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
-PROMPT_WORDS = 150
+PROMPT_WORDS = 150  # ~640 tokens (`--short`: 30, ~130)
+MAX_TOKENS = 32  # (`--short`: 16)
 TTFT_SLO_MS = 4000
 
 
@@ -91,13 +93,14 @@ def make_trace(seed: int, capacity_rps: float, duration_s: float, tenants: tuple
     return sorted(shots, key=lambda s: s.at_s)
 
 
-def body(shot: Shot) -> dict:
+def body(shot: Shot, model: str = MODEL) -> dict:
     words = " ".join(f"w{(shot.nonce + i) % 997}" for i in range(PROMPT_WORDS))
-    return {"model": MODEL, "messages": [{"role": "user", "content": f"{shot.nonce}: summarize {words}"}], "max_tokens": 32,
+    return {"model": model, "messages": [{"role": "user", "content": f"{shot.nonce}: summarize {words}"}], "max_tokens": MAX_TOKENS,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "priority": TENANTS[shot.tenant][2]}
 
 
-async def fire(url: str, trace: list[Shot], *, send_priority: bool) -> tuple[list[Outcome], float]:
+async def fire(url: str, trace: list[Shot], *, send_priority: bool, batch_route: bool = False) -> tuple[list[Outcome], float]:
+    """`batch_route`: tenant C asks for the `smol-batch` route (Switchyard's arms), else `smol`."""
     import httpx
 
     outcomes: list[Outcome] = []
@@ -108,10 +111,10 @@ async def fire(url: str, trace: list[Shot], *, send_priority: bool) -> tuple[lis
             await asyncio.sleep(max(0.0, shot.at_s - (time.perf_counter() - t0)))
             out = Outcome(shot.tenant, time.perf_counter() - t0)
             outcomes.append(out)
-            payload = body(shot)
+            payload = body(shot, BATCH_MODEL if batch_route and shot.tenant == "C" else MODEL)
             if not send_priority:
                 payload.pop("priority")
-            headers = {"authorization": f"Bearer {TENANTS[shot.tenant][0]}"}
+            headers = {"authorization": f"Bearer {TENANTS[shot.tenant][0]}", "x-request-id": f"{shot.tenant}-{shot.nonce}"}
             try:
                 async with client.stream("POST", url + "/v1/chat/completions", json=payload, headers=headers) as response:
                     out.status = response.status_code
@@ -152,6 +155,28 @@ def a_share_while_others_wait(outcomes: list[Outcome]) -> float | None:
     return None if total == 0 else tokens["A"] / total
 
 
+def a_share_of_grants(request_log: Path, others: str = "BC") -> float | None:
+    """From the gateway's request log (request ids `<tenant>-<nonce>`): A's share of the tokens of
+    the requests granted a slot (start + `queued_ms`) while a request of `others` waited in the
+    gateway's queue — what the fair order decides, without the engines' own prefill in it."""
+    deadline = time.monotonic() + 10
+    lines: list[dict] = []
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in request_log.read_text().splitlines()] if request_log.exists() else []
+        if lines and all(line.get("outcome") for line in lines):
+            break
+        time.sleep(0.5)
+    served = [(line["request_id"][0], line["ts"], line["ts"] + (line.get("queued_ms") or 0) / 1000, line.get("completion_tokens") or 0)
+              for line in lines if line.get("outcome") == "ok"]
+    waits = [(start, grant) for tenant, start, grant, _ in served if tenant in others and grant > start]
+    tokens = {"A": 0, "other": 0}
+    for tenant, _, grant, n in served:
+        if any(start < grant < end for start, end in waits):
+            tokens["A" if tenant == "A" else "other"] += n
+    total = tokens["A"] + tokens["other"]
+    return None if total == 0 else tokens["A"] / total
+
+
 def summarize(arm: str, outcomes: list[Outcome], wall_s: float) -> dict:
     row: dict = {"arm": arm, "output_tokens_per_s": sum(o.completion_tokens for o in outcomes) / wall_s,
                  "a_share_while_others_wait": a_share_while_others_wait(outcomes), "tenants": {}}
@@ -171,7 +196,7 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
     flow, plain, alone = rows.get("flow"), rows.get("plain"), rows.get("b_alone")
     b_flow = flow and flow["tenants"]["B"]["ttft_p99_s"]
     b_alone = alone and alone["tenants"]["B"]["ttft_p99_s"]
-    share = flow and flow["a_share_while_others_wait"]
+    share = flow and flow.get("a_share_of_grants_while_others_queued")
     return {
         "b_p99_ttft_within_1.5x_alone": None if not (b_flow and b_alone) else b_flow <= 1.5 * b_alone,
         "throughput_at_least_95pct_of_plain": None if not (flow and plain) else
@@ -182,19 +207,20 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
 
 
 def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool) -> str:
-    keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\n' if flow else
-                   f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, _ in TENANTS.values())
-    flow_tables = ("\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = [0, 1]\naging_s = 30.0\n"
-                   f"ttft_slo_ms = {TTFT_SLO_MS}\n") if flow else ""
+    keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\npriority = {priority}\n' if flow else
+                   f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, priority in TENANTS.values())
+    flow_tables = "\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = [0, 1]\naging_s = 30.0\n" if flow else ""
+    routes = "".join(f'\n[[routes]]\nname = "{name}"\n{slo}[[routes.targets]]\nbackend = "fleet"\nmodel = "{MODEL}"\n'
+                     for name, slo in ((MODEL, f"ttft_slo_ms = {TTFT_SLO_MS}\n" if flow else ""), (BATCH_MODEL, "")))
     backend_flow = f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\n" if flow else ""
     return (f'[server]\nrequest_log = "{log_dir / "requests.jsonl"}"\nlog_level = "warning"\n{keys}{flow_tables}\n'
             f'[plugins]\ndisable = ["builtin"]\n\n[[backends]]\nname = "fleet"\ntype = "llamacpp"\n{backend_flow}'
             f'[backends.options]\nendpoints = {json.dumps([r.base for r in replicas])}\nmodels = {{ "{MODEL}" = "{MODEL}" }}\n'
-            'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n')
+            f'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n{routes}')
 
 
 def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool) -> Server | None:
-    """None when the configuration is refused (the `flow` arm before flow control is wired)."""
+    """None when the configuration is refused."""
     port = free_port()
     config = log_dir / f"switchyard-{'flow' if flow else 'plain'}.toml"
     config.write_text(switchyard_config(replicas, log_dir, flow=flow))
@@ -243,13 +269,18 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
         if arm in ("flow", "plain", "b_alone"):
             router = start_switchyard(replicas, log_dir, flow=arm == "flow")
             if router is None:
-                print(f"  {arm}: Switchyard refused the flow-control configuration (not wired yet): skipped", flush=True)
+                print(f"  {arm}: Switchyard refused its configuration: skipped", flush=True)
                 return None
         elif arm == "sglang_cache_aware":
             router = start_peer("sglang_cache_aware", replicas, log_dir)
         trace = make_trace(args.seed, capacity_rps, args.duration, ("B",) if arm == "b_alone" else tuple(TENANTS))
-        outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=arm == "flow"))  # type: ignore[union-attr]
-        return summarize(arm, outcomes, wall)
+        outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=arm == "flow",  # type: ignore[union-attr]
+                                          batch_route=arm in ("flow", "plain", "b_alone")))
+        row = summarize(arm, outcomes, wall)
+        if arm == "flow":
+            row["a_share_of_grants_while_others_queued"] = a_share_of_grants(log_dir / "requests.jsonl")
+            row["a_share_of_grants_while_b_queued"] = a_share_of_grants(log_dir / "requests.jsonl", "B")
+        return row
     finally:
         if router is not None:
             router.stop()
@@ -265,8 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-rps", type=float, help="skip the capacity measurement: the fleet's requests per second")
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--plan", action="store_true", help="print the trace and the arms; start nothing")
+    parser.add_argument("--short", action="store_true", help="a 40 s trace of ~130-token prompts and 16-token answers")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.short:  # a smaller request, so that a loaded 2-core machine serves enough of them
+        global PROMPT_WORDS, MAX_TOKENS
+        args.duration, args.capacity_s, PROMPT_WORDS, MAX_TOKENS = 40.0, 15.0, 30, 16
     if args.plan:
         capacity = args.capacity_rps or 4.0
         trace = make_trace(args.seed, capacity, args.duration)
@@ -274,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan: capacity {capacity:g} req/s (assumed), {args.duration:g} s, {len(trace)} requests: {counts}")
         print(f"arms: {', '.join(args.arms)}  (engine_priority needs vLLM replicas: skipped with llama.cpp)")
         return 0
-    print_header("flow control: three tenants on a full fleet", {})
+    print_header("flow control: three tenants on a full fleet", {"duration_s": str(args.duration), "seed": str(args.seed),
+                                                                 "prompt_words": str(PROMPT_WORDS), "max_tokens": str(MAX_TOKENS)})
     capacity = args.capacity_rps
     if capacity is None:
         from bench.fleet_routing import start_replicas
