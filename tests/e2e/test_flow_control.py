@@ -102,14 +102,17 @@ def test_the_quiet_tenant_overtakes_the_floods_backlog(replica: ServerProcess, t
 def test_bands_are_served_high_first(replica: ServerProcess, tmp_path: Path) -> None:
     with running_server(config(replica, tmp_path / "log.jsonl", flow="aging_s = 0\n"), tmp_path) as base:
         with Holder(base) as holder:
-            low = Client(base, "low").send("low")  # priority 1: band 2, and it came first
+            low = Client(base, "low").send("low")  # its key's priority 1: band 2, and it came first
             wait_depth(base, 1)
-            high = [Client(base, "quiet").send(f"high{i}") for i in range(2)]
+            high = Client(base, "quiet").send("high")  # priority 0: band 1
+            wait_depth(base, 2)
+            # its own priority -1: band 0 — accepted on llama.cpp, which has no priority of its own
+            urgent = Client(base, "quiet").send("urgent", extra={"priority": -1})
             wait_depth(base, 3)
             holder.release()
-            order = served_order([low, *high])
+            order = served_order([low, high, urgent])
         text = httpx.get(base + "/metrics").text
-    assert order[-1] == "low", order
+    assert order == ["urgent", "high", "low"], order
     assert metric(text, "switchyard_flow_queue_wait_seconds_count", tenant="low", band="2") == 1
 
 
@@ -173,6 +176,23 @@ def test_a_client_that_leaves_while_queued_frees_its_place(replica: ServerProces
         text = httpx.get(base + "/metrics").text
     assert metric(text, "switchyard_flow_sheds_total", tenant="flood", reason="cancelled") == 1
     assert metric(text, "switchyard_replica_attempts_total", backend="fleet") == 2  # the holder and `stays`: never `gone`
+
+
+MIRROR_ROUTE = ('[[routes]]\nname = "mirror"\nshadow = { backend = "fleet", model = "' + MODEL + '" }\n'
+                '[[routes.targets]]\nbackend = "spare"\nmodel = "' + MODEL + '"\n')
+
+
+def test_a_shadow_copy_is_skipped_while_the_queue_has_waiters(replica: ServerProcess, tmp_path: Path) -> None:
+    with running_server(config(replica, tmp_path / "log.jsonl", routes=MIRROR_ROUTE, spare=True), tmp_path) as base:
+        with Holder(base) as holder:
+            waiting = Client(base, "quiet").send("waits")
+            wait_depth(base, 1)
+            mirrored = Client(base, "flood").send("mirrored", model="mirror")  # served by `spare`; its copy would queue
+            assert wait_until(lambda: metric(httpx.get(base + "/metrics").text, "switchyard_shadow_skipped_total",
+                                             backend="fleet", reason="queue") == 1, timeout=10)
+            holder.release()
+            assert sorted(served_order([waiting, mirrored])) == ["mirrored", "waits"]
+        assert depth(base) == 0
 
 
 def test_two_workers_share_one_fair_order_through_redis(replica: ServerProcess, redis: RedisServer, tmp_path: Path) -> None:  # noqa: F811

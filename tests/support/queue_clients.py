@@ -69,9 +69,10 @@ class Client:
                                 {"authorization": f"Bearer sk-{self.key}", "content-type": "application/json",
                                  "x-request-id": request_id})
 
-    def send(self, request_id: str, *, model: str = MODEL, stream: bool = False, max_tokens: int = 4) -> Client:
-        """Send the request now; its answer is read in a thread of its own."""
-        self._request(request_id, model=model, stream=stream, max_tokens=max_tokens, extra={})
+    def send(self, request_id: str, *, model: str = MODEL, stream: bool = False, max_tokens: int = 4,
+             extra: dict[str, Any] | None = None) -> Client:
+        """Send the request now (`extra`: more body fields); its answer is read in a thread of its own."""
+        self._request(request_id, model=model, stream=stream, max_tokens=max_tokens, extra=extra or {})
         self._thread = threading.Thread(target=self._read, name=f"client-{request_id}", daemon=True)
         self._thread.start()
         return self
