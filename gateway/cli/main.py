@@ -143,7 +143,7 @@ def _keys_usage(args: argparse.Namespace) -> int:
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from engines.install import main as install_main
+    from engines.install.cli import main as install_main
 
     return install_main([args.what])
 
@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     engines = sub.add_parser("engines", help="install the real engines the proxy backends can start")
     engines_sub = engines.add_subparsers(dest="engines_command", required=True)
     install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
-    install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
+    from engines.install.cli import CHOICES as install_choices
+
+    install.add_argument("what", choices=install_choices)
     install.set_defaults(func=_engines)
 
     from gateway.cli import plugin_check
