@@ -39,6 +39,10 @@ class KeyConfig(_Config):
     max_parallel: Annotated[int, Meta(ge=1)] | None = None  # requests in flight at once
     budget_tokens: Annotated[int, Meta(ge=1)] | None = None  # tokens per `budget_period`
     budget_period: Literal["day", "month"] | None = None  # calendar day (default) or month, UTC
+    # flow control (`[server.flow_control]`): the key's share of a full backend against the
+    # other keys, and the `priority` of its requests that send none (None: 0)
+    weight: Annotated[float, Meta(gt=0.0)] = 1.0
+    priority: int | None = None
 
     @property
     def has_limits(self) -> bool:
@@ -46,6 +50,42 @@ class KeyConfig(_Config):
 
     def __repr__(self) -> str:  # never show a key
         return f"KeyConfig(name={self.name!r}, key={'***' if self.key else None}, key_env={self.key_env!r}, routes={self.routes!r})"
+
+
+class FlowControlConfig(_Config):
+    """`[server.flow_control]`: the queue each backend opens when it is full (gateway/flow_control)."""
+
+    enabled: bool = False
+    # who a request counts against in the fair order: the client key's `name`, the request's
+    # `user`, its agent session, or any header (`header:x-tenant`); without one: its key
+    tenant: Annotated[str, Meta(pattern=r"^(key|user|session|header:[A-Za-z0-9_-]+)$")] = "key"
+    # `priority` (lower is served earlier) to band: band i holds the priorities below edge i and
+    # at or above edge i-1; [0, 1]: negative = band 0 (first), 0 = band 1, positive = band 2
+    band_edges: tuple[int, ...] = (0, 1)
+    # a waiting request rises one band per `aging_s` waited; 0: bands are strict
+    aging_s: Annotated[float, Meta(ge=0.0)] = 30.0
+    # what a request may say about its own priority: "honour" it, "lower_only" (only ask to be
+    # served later than its key's `priority`), or "ignore" it
+    client_priority: Literal["honour", "lower_only", "ignore"] = "honour"
+    max_queue: Annotated[int, Meta(ge=0)] = 1024  # waiting requests per backend (all workers with `state`)
+    queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 60.0  # the longest wait; then 429 with Retry-After
+    # the time-to-first-token objective of routes without their own; None: no SLO shedding
+    ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None
+    # a request's cost is its prompt's estimated tokens plus its `max_tokens` up to this (0: all of it)
+    output_tokens_cap: Annotated[int, Meta(ge=0)] = 1024
+    rate_smoothing: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.2  # how far each completion moves the service rate
+    # while requests wait: how often capacity is re-read (and, with `state`, other workers' grants collected)
+    poll_interval_s: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
+
+
+class BackendFlowConfig(_Config):
+    """`[backends.flow_control]`: one backend's slots and queue bounds (None: the server's)."""
+
+    # requests each replica runs at once; None: the backend's `max_concurrent`, else the
+    # engines' own reports (a replica reporting a queue of its own is full)
+    replica_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    max_queue: Annotated[int, Meta(ge=0)] | None = None
+    queue_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
 
 
 class ServerConfig(_Config):
@@ -92,6 +132,7 @@ class ServerConfig(_Config):
     state: Annotated[str, Meta(pattern=r"^rediss?://")] | None = None
     on_state_error: Literal["allow", "deny"] = "allow"
     state_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
+    flow_control: FlowControlConfig = msgspec.field(default_factory=FlowControlConfig)
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
@@ -118,6 +159,7 @@ class BackendConfig(_Config):
     max_concurrent: Annotated[int, Meta(ge=1)] | None = None
     max_queue: Annotated[int, Meta(ge=0)] = 0
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 30.0
+    flow_control: BackendFlowConfig | None = None  # with `[server.flow_control]` on
 
     def __repr__(self) -> str:  # never show an upstream key
         options = {k: "***" if k == "api_key" and v else v for k, v in self.options.items()}
@@ -152,6 +194,7 @@ class RouteConfig(_Config):
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
+    ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None  # default: `server.flow_control.ttft_slo_ms`
 
 
 class TelemetryConfig(_Config):
@@ -228,6 +271,7 @@ def parse_config(text: str, source: str) -> Config:
     _check_output_caps(config, source)
     check_store_config(config.responses, source)
     _check_keys(config, source)
+    _check_flow_control(config.server.flow_control, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
     return msgspec.structs.replace(config, server=server, source=source)
@@ -312,6 +356,15 @@ def _check_keys(config: Config, source: str) -> None:
                 f"{source}: the environment variable {entry.key_env!r} named at `{where}.key_env` is not set",
                 param=f"{where}.key_env",
             )
+
+
+def _check_flow_control(flow: FlowControlConfig, source: str) -> None:
+    """What msgspec's constraints cannot say: the band edges ascend strictly, at most 16 bands."""
+    edges, where = flow.band_edges, "server.flow_control.band_edges"
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ConfigError(f"{source}: `band_edges` must ascend strictly, got {list(edges)} at `{where}`", param=where)
+    if len(edges) > 15:
+        raise ConfigError(f"{source}: at most 15 `band_edges` (16 bands), got {len(edges)} at `{where}`", param=where)
 
 
 def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:

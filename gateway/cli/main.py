@@ -16,6 +16,8 @@ DEFAULT_CONFIG = "plugins.toml"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import msgspec
+
     from gateway.config import load_config
     from gateway.server import serve
     from gateway.worker_pool import serve_workers, worker_count
@@ -28,6 +30,8 @@ def _serve(args: argparse.Namespace) -> int:
     port = config.server.port if args.port is None else args.port
     drain_s = config.server.drain_timeout_s if args.drain_seconds is None else args.drain_seconds
     workers = worker_count(config.server.workers)
+    # the count, not "auto": a worker whose flow-control ledger is its own takes its share of each backend
+    config = msgspec.structs.replace(config, server=msgspec.structs.replace(config.server, workers=workers))
     if workers > 1:
         return serve_workers(config, host=host, port=port, drain_s=drain_s, workers=workers)
     serve(config, host=host, port=port, drain_s=drain_s)

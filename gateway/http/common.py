@@ -147,7 +147,7 @@ async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,
     `open_accounting`), cancelled if the client goes away (None then); with the `x-ratelimit-*`
     headers for the response. For a stream, the disconnect watch goes on guarding its body."""
     key = client.key
-    accounting = await open_accounting(gateway, spec, client.headers, key and key.limits, key and key.name, cost)
+    accounting = await open_accounting(gateway, spec, client.headers, key, cost)
     watch = DisconnectWatch(client.receive)
     try:
         done = await watch.guard(work(accounting))

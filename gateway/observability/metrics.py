@@ -143,7 +143,7 @@ class Metrics:
         )
         self.shadow_skipped = Counter(
             "switchyard_shadow_skipped",
-            "Shadow copies not sent, by reason (max_concurrent, circuit_open).",
+            "Shadow copies not sent, by reason (max_concurrent, circuit_open, at_capacity, unsupported, queue).",
             ("route", "backend", "reason"),
             registry=r,
         )

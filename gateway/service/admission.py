@@ -5,6 +5,8 @@ queue in front of each backend, the request deadline, and the errors of a draini
 at once; up to `max_queue` more wait, first come first served, at most `queue_timeout_s`; any
 other is refused at once with `Overloaded` (429 and `Retry-After`; the next target on a fallback
 route). A released slot goes straight to the oldest waiter, so a burst cannot overtake the queue.
+With `[server.flow_control]` on, `gateway.flow_control`'s queue takes its place: fair across
+tenants, by priority band, and shedding by the route's `ttft_slo_ms`.
 """
 
 from __future__ import annotations
@@ -14,15 +16,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.errors import DeadlineExceeded
+from gateway.errors import RETRY_AFTER_S, DeadlineExceeded
 from plugins.contract.errors import InvalidRequest, Overloaded
 
 if TYPE_CHECKING:
     from gateway.config import RouteConfig, ServerConfig
-
-RETRY_AFTER_S = 1.0
-
-
 
 
 @dataclass(frozen=True)
@@ -47,15 +45,17 @@ class RouteLimits:
     max_tokens: int | None = None
     request_timeout_s: float | None = None
     default_max_tokens: int | None = None  # what a request that asks for none gets (<= max_tokens)
+    ttft_slo_ms: int | None = None  # flow control refuses a request predicted to wait longer for a slot
 
     @classmethod
     def of(cls, server: ServerConfig, route: RouteConfig | None = None) -> RouteLimits:
         """`route`'s limits, the server's where it sets none (no route: a model served under its
         own name)."""
+        slo_ms = server.flow_control.ttft_slo_ms
         if route is None:
-            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens)
+            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens, slo_ms)
         return cls(route.max_tokens or server.max_tokens, route.request_timeout_s or server.request_timeout_s,
-                   route.default_max_tokens or server.default_max_tokens)
+                   route.default_max_tokens or server.default_max_tokens, route.ttft_slo_ms or slo_ms)
 
     def max_tokens_for(self, model: str, param: str, asked: int | None,
                        endpoint_default: int | None = None) -> int | None:

@@ -22,6 +22,7 @@ import pluggy
 
 from gateway.config import Config, resolve_backend_options
 from gateway.errors import ShuttingDown
+from gateway.flow_control import FlowControl, build_flow_control
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.keys.keyring import Redactor, authorization_of
 from gateway.observability.metrics import ArmMetrics, Metrics, observe, observe_all
@@ -63,6 +64,7 @@ class Gateway:
     health: HealthMonitor = field(init=False)
     request_log: RequestLog | None = field(init=False, default=None)
     limiters: dict[str, BackendLimiter] = field(init=False, default_factory=dict)  # backends with `max_concurrent`
+    flow: FlowControl | None = field(init=False, default=None)  # the backends' queues with `[server.flow_control]` on
     redact: Redactor = field(init=False)  # scrubs every known secret from error messages
     draining: bool = field(init=False, default=False)  # SIGTERM came: no new requests
     key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
@@ -81,8 +83,9 @@ class Gateway:
         self.redact = Redactor.from_config(self.config)
         self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
         self.telemetry = build_telemetry(self.config)
-        for cfg in self.config.backends:
-            if cfg.max_concurrent is not None and cfg.name in self.backends:
+        self.flow = build_flow_control(self.config, self.backends, self.metrics)
+        for cfg in self.config.backends:  # with flow control on, `max_concurrent` is its queue's capacity
+            if cfg.max_concurrent is not None and cfg.name in self.backends and self.flow is None:
                 self.limiters[cfg.name] = BackendLimiter(
                     cfg.name, max_concurrent=cfg.max_concurrent, max_queue=cfg.max_queue, queue_timeout_s=cfg.queue_timeout_s
                 )
@@ -144,6 +147,8 @@ class Gateway:
         if self._cut is not None:
             self._cut.cancel()
         await self.health.close()
+        if self.flow is not None:
+            await self.flow.close()
         for task in self.shadow_tasks:
             task.cancel()
         await asyncio.gather(*self.shadow_tasks, return_exceptions=True)
@@ -210,6 +215,8 @@ class Gateway:
             pump.interrupt(ShuttingDown("The server shut down before the request completed."))
         for limiter in self.limiters.values():
             limiter.fail_waiters(ShuttingDown())
+        if self.flow is not None:
+            self.flow.fail_waiters(ShuttingDown())
 
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
@@ -277,10 +284,12 @@ class Gateway:
         attempts: list[Attempt],
         shadow: bool = False,
         replica: str | None = None,
+        queued_ms: int | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Metrics, the backend's breaker and the request log for one finished request (or
         shadow copy); `replica`: the one that served (or was tried last), when the backend has
-        replicas. Returns the outcome and the timings (for the `on_response` hook)."""
+        replicas; `queued_ms`: how long it waited in flow-control queues (None: it did not).
+        Returns the outcome and the timings (for the `on_response` hook)."""
         outcome = outcome_of(error)
         arm.finished(outcome)
         timings = timer.as_dict()
@@ -324,6 +333,7 @@ class Gateway:
                     attempts=attempts,
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
                     replica=replica,
+                    queued_ms=queued_ms,
                 )
             )
         return outcome, timings

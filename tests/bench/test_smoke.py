@@ -160,3 +160,14 @@ def test_cpu_by_load_small(tmp_path: Path) -> None:
     for row in rows:  # (a few requests may take less CPU than one 10 ms tick: a figure of 0, its ratio "–")
         assert len(row) == len(header) and all(float(cell) >= 0 for cell in row[1:1 + len(arms)]), proc.stdout
         assert all(cell == "–" or float(cell) >= 0 for cell in row[1 + len(arms):]), proc.stdout
+
+
+def test_flow_control_scripts_small() -> None:
+    """The flood benchmark's plan (its trace, no server) and the fast path's timing on a few calls."""
+    plan = subprocess.run([sys.executable, str(ROOT / "bench" / "flow_control.py"), "--plan", "--short"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0 and "'A': " in plan.stdout and "'B': " in plan.stdout, plan.stdout + plan.stderr
+    fast = subprocess.run([sys.executable, str(ROOT / "bench" / "flow_control_fast_path.py"), "--calls", "200", "--rounds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fast.returncode == 0, fast.stdout[-4000:] + fast.stderr[-4000:]
+    assert "FlowQueue admit+release+turn" in fast.stdout and "CPU beyond a loop turn" in fast.stdout, fast.stdout
