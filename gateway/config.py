@@ -66,6 +66,11 @@ class ServerConfig(_Config):
     # what a request that asks for no `max_tokens` gets (at most `max_tokens`); None: the cap,
     # or no limit without one. A route's own `default_max_tokens` overrides it.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # an output limit over `max_tokens` (or the model's context): "reject" answers a 400 naming
+    # the field; "clamp" lowers it to the cap and to the context left after the prompt, says so
+    # in `x-switchyard-max-tokens-clamped`, and the answer ends with the API's length reason.
+    # A route's own `over_max_tokens` overrides it.
+    over_max_tokens: Literal["reject", "clamp"] = "reject"
     # the field(s) chat completions carry the model's thinking in: "reasoning" (vLLM >= 0.10),
     # "reasoning_content" (DeepSeek, llama.cpp, older vLLM) or "both"
     reasoning_field: Literal["reasoning", "reasoning_content", "both"] = "both"
@@ -151,6 +156,7 @@ class RouteConfig(_Config):
     shadow: ShadowConfig | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
+    over_max_tokens: Literal["reject", "clamp"] | None = None  # default: `server.over_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
 
 

@@ -230,7 +230,8 @@ def asked_max_tokens(req: S.ChatCompletionRequest) -> tuple[str, int | None]:
 def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str,
               limits: RouteLimits = RouteLimits()) -> RequestSpec:
     """The request spec, its `max_tokens` under the route's `limits`."""
-    max_tokens = limits.max_tokens_for(req.model, *asked_max_tokens(req))
+    param, asked = asked_max_tokens(req)
+    max_tokens = limits.max_tokens_for(req.model, param, asked)
     continue_final = bool(req.continue_final_message)
     add_generation_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
     tool_choice = req.tool_choice
@@ -256,6 +257,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
         extensions=extensions_used(req),
+        max_tokens_asked=asked if asked != max_tokens else None,
     )
 
 
@@ -283,6 +285,7 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
         extensions=extensions_used(req),
+        max_tokens_asked=req.max_tokens if req.max_tokens != max_tokens else None,
     )
 
 

@@ -9,6 +9,7 @@ Owned by the app's lifespan (`app.state.gateway`), started once and closed in `f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -139,6 +140,10 @@ class Gateway:
                     route = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
                     self.routes[info.id] = route
                     self.plans[info.id] = RoutePlan.build(route, limits=self.default_limits)
+        for name, plan in self.plans.items():  # a route that clamps output limits to its context
+            if plan.limits.clamps:
+                limits = dataclasses.replace(plan.limits, max_model_len=self.model_card(name)[1])
+                self.plans[name] = dataclasses.replace(plan, limits=limits)
 
     async def close(self) -> None:
         if self._cut is not None:
