@@ -101,6 +101,16 @@ def test_over_the_cap_is_lowered_to_it_and_said(oa: openai.OpenAI) -> None:
     assert raw.headers[CLAMPED_HEADER] == "7->5"
 
 
+def test_every_api_says_what_it_asked(claude: anthropic.Anthropic, oa: openai.OpenAI) -> None:
+    raw = claude.messages.with_raw_response.create(model="clamped", max_tokens=32000,
+                                                   messages=[{"role": "user", "content": words(10)}])
+    assert raw.headers[CLAMPED_HEADER] == "32000->5" and raw.parse().stop_reason == "max_tokens"
+    raw = oa.responses.with_raw_response.create(model="clamped", input=words(10), max_output_tokens=50, store=False)
+    assert raw.headers[CLAMPED_HEADER] == "50->5" and raw.parse().status == "incomplete"
+    raw = oa.completions.with_raw_response.create(model="clamped", prompt=words(10), max_tokens=50)
+    assert raw.headers[CLAMPED_HEADER] == "50->5" and raw.parse().choices[0].finish_reason == "length"
+
+
 def test_within_the_cap_nothing_changes(oa: openai.OpenAI) -> None:
     raw = chat(oa, "clamped", 10, max_tokens=3)
     assert CLAMPED_HEADER not in raw.headers and raw.parse().usage.completion_tokens == 3
