@@ -146,8 +146,11 @@ class ShadowConfig(_Config):
 
 
 class RouteConfig(_Config):
-    name: str
+    name: str  # the model name clients send; a glob (`claude-*`) matches many and is not listed
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    # more names this route answers to: exact names, or globs (`gpt-*-codex`) tried in declared
+    # order after every exact name (gateway.service.model_names)
+    aliases: list[Annotated[str, Meta(min_length=1)]] = []
     strategy: str = "weighted"
     options: dict[str, Any] = {}
     # targets one request may try before its error goes to the client (only failures before the

@@ -47,12 +47,16 @@ def id_headers(request_id: str, backend: str | None = None) -> dict[str, str]:
 
 
 def authorize(request: Request, model: str) -> None:
-    """403 when the client's key may not use `model` (a route or model name)."""
-    authorize_key(request.state.client_key, model)
+    """403 when the client's key may not use `model` (a route or model name, or one of a route's
+    aliases and globs: the key's `routes` name routes)."""
+    authorize_key(request.state.client_key, model, getattr(request.app.state, "gateway", None))
 
 
-def authorize_key(key: ClientKey | None, model: str) -> None:
-    if key is not None and not key.may_use(model):
+def authorize_key(key: ClientKey | None, model: str, gateway: Gateway | None = None) -> None:
+    if key is None or key.may_use(model):
+        return
+    route = None if gateway is None else gateway.route_name(model)
+    if route is None or not key.may_use(route):
         raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
 
 
