@@ -61,6 +61,7 @@ class CodexModel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     slug: str
     display_name: str
     description: str | None = None
+    base_instructions: str = ""  # Codex refuses a model without instructions
     context_window: int | None = None
     max_context_window: int | None = None
     auto_compact_token_limit: int | None = None  # None: Codex compacts at 90% of the window
@@ -134,10 +135,17 @@ def anthropic_card(gateway: Gateway, name: str) -> AnthropicModel:
     return AnthropicModel(id=name, display_name=name, created_at=created)
 
 
+# Codex's system prompt for a catalogued model (it insists on one): short, since the models a
+# gateway like this serves often have small contexts; `model_instructions_file` in Codex's own
+# config replaces it.
+CODEX_INSTRUCTIONS = ("You are a coding agent working in the user's terminal and workspace. Use the tools you are "
+                      "given to inspect files and run commands, make the changes asked for, and answer briefly.")
+
+
 def codex_card(gateway: Gateway, name: str) -> CodexModel:
     _, max_model_len = gateway.model_card(name)
     return CodexModel(slug=name, display_name=name, description=f"{name}, served by Switchyard",
-                      context_window=max_model_len, max_context_window=max_model_len)
+                      base_instructions=CODEX_INSTRUCTIONS, context_window=max_model_len, max_context_window=max_model_len)
 
 
 def anthropic_page(gateway: Gateway, names: list[str], query: Any) -> AnthropicModelList:
