@@ -189,7 +189,9 @@ class Gateway:
             route = None if name is None else self.routes.get(name)
             if route is None:
                 raise ModelNotFound(model)
-            plan = self.plans.get(route.name) or self.plans.setdefault(route.name, RoutePlan.build(route, limits=self.default_limits))
+            plan = self.plans.get(route.name)
+            if plan is None:
+                plan = self.plans[route.name] = RoutePlan.build(route, limits=self.default_limits)
         return plan
 
     def limits_for(self, model: str) -> RouteLimits:
