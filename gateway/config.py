@@ -106,6 +106,11 @@ class ServerConfig(_Config):
     # what a request that asks for no `max_tokens` gets (at most `max_tokens`); None: the cap,
     # or no limit without one. A route's own `default_max_tokens` overrides it.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # an output limit over `max_tokens` (or the model's context): "reject" answers a 400 naming
+    # the field; "clamp" lowers it to the cap and to the context left after the prompt, says so
+    # in `x-switchyard-max-tokens-clamped`, and the answer ends with the API's length reason.
+    # A route's own `over_max_tokens` overrides it.
+    over_max_tokens: Literal["reject", "clamp"] = "reject"
     # the field(s) chat completions carry the model's thinking in: "reasoning" (vLLM >= 0.10),
     # "reasoning_content" (DeepSeek, llama.cpp, older vLLM) or "both"
     reasoning_field: Literal["reasoning", "reasoning_content", "both"] = "both"
@@ -183,8 +188,11 @@ class ShadowConfig(_Config):
 
 
 class RouteConfig(_Config):
-    name: str
+    name: str  # the model name clients send; a glob (`claude-*`) matches many and is not listed
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    # more names this route answers to: exact names, or globs (`gpt-*-codex`) tried in declared
+    # order after every exact name (gateway.service.model_names)
+    aliases: list[Annotated[str, Meta(min_length=1)]] = []
     strategy: str = "weighted"
     options: dict[str, Any] = {}
     # targets one request may try before its error goes to the client (only failures before the
@@ -193,6 +201,7 @@ class RouteConfig(_Config):
     shadow: ShadowConfig | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
+    over_max_tokens: Literal["reject", "clamp"] | None = None  # default: `server.over_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
     ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None  # default: `server.flow_control.ttft_slo_ms`
 

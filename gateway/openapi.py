@@ -24,6 +24,7 @@ from gateway.chat_api import schemas as S
 from gateway.embeddings_api import schemas as E
 from gateway.errors import ErrorResponse
 from gateway.messages_api import schemas as M
+from gateway.model_cards import AnthropicModel, AnthropicModelList, CodexModelList
 from gateway.responses_api import schemas as R
 
 REF = "#/components/schemas/{name}"
@@ -31,7 +32,8 @@ REF = "#/components/schemas/{name}"
 # document they carry this prefix, apart from OpenAI's of the same name
 ANTHROPIC = "Anthropic"
 
-# (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event)
+# (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event;
+# a tuple: one of them, by what the client says it is)
 SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/chat/completions", "post"): {"application/json": S.ChatCompletion, "text/event-stream": S.ChatCompletionChunk},
     ("/v1/completions", "post"): {"application/json": S.Completion, "text/event-stream": S.CompletionChunk},
@@ -42,8 +44,8 @@ SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/responses/{response_id}", "get"): {"application/json": R.Response},
     ("/v1/responses/{response_id}", "delete"): {"application/json": R.DeletedResponse},
     ("/v1/responses/{response_id}/cancel", "post"): {"application/json": R.Response},
-    ("/v1/models", "get"): {"application/json": S.ModelList},
-    ("/v1/models/{model_id}", "get"): {"application/json": S.ModelCard},
+    ("/v1/models", "get"): {"application/json": (S.ModelList, AnthropicModelList, CodexModelList)},
+    ("/v1/models/{model_id}", "get"): {"application/json": (S.ModelCard, AnthropicModel)},
     ("/tokenize", "post"): {"application/json": S.TokenizeResponse},
     ("/detokenize", "post"): {"application/json": S.DetokenizeResponse},
     ("/switchyard/render", "post"): {"application/json": S.RenderResponse},
@@ -133,7 +135,8 @@ def _typed_stream_event() -> dict[str, Any]:
 def components() -> dict[str, Any]:
     structs: list[Any] = [*REQUESTS, ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
                           M.ErrorResponse]
-    structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
+    bodies = [t for media in SUCCESS.values() for body in media.values() for t in (body if isinstance(body, tuple) else (body,))]
+    structs += [t for t in bodies if isinstance(t, type) and issubclass(t, msgspec.Struct)]
     structs += list(M.StreamEvent.__args__)
     structs = list(dict.fromkeys(structs))
     anthropic = [t for t in structs if t.__module__ == M.__name__]
@@ -248,6 +251,8 @@ def _responses(path: str, method: str) -> dict[str, Any]:
             content[media] = {"schema": {"type": "string"}}
         elif struct is None:
             content[media] = {"schema": {}}
+        elif isinstance(struct, tuple):
+            content[media] = {"schema": {"anyOf": [{"$ref": REF.format(name=_name(t))} for t in struct]}}
         elif struct is R.StreamEvent:
             content[media] = {"schema": _typed_stream_event()}
         elif struct is M.StreamEvent:

@@ -1,5 +1,5 @@
-"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage, plugin-check,
-new-plugin."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage, fields,
+plugin-check, new-plugin."""
 
 from __future__ import annotations
 
@@ -198,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("what", choices=install_choices)
     install.set_defaults(func=_engines)
 
-    from gateway.cli import plugin_check
+    from gateway.cli import fields, plugin_check
     from gateway.cli import scaffold as new_plugin
 
+    fields.add_parser(sub)
     plugin_check.add_parser(sub)
     new_plugin.add_parser(sub)
 

@@ -20,7 +20,7 @@ from gateway.http.head_protocol import exchange_of
 from gateway.keys import TokenCost
 from gateway.keys.keyring import ClientKey
 from gateway.service.accounting import RequestAccounting, open_accounting
-from gateway.service.attempts import Answer, LastPiece
+from gateway.service.attempts import FITTED_MAX_TOKENS, Answer, FittedMaxTokens, LastPiece
 from gateway.service.gateway import Gateway, Resolved
 from gateway.service.stream_feed import BODY_WRITER
 from plugins.contract.errors import InvalidRequest, NotFound, PermissionDenied
@@ -31,6 +31,7 @@ B = TypeVar("B", bound=msgspec.Struct)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; never reaches the client
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+CLAMPED_HEADER = "x-switchyard-max-tokens-clamped"  # "<asked>-><served>", on a route that clamps
 
 
 def response_headers(request: Request, backend: str | None = None) -> dict[str, str]:
@@ -46,12 +47,16 @@ def id_headers(request_id: str, backend: str | None = None) -> dict[str, str]:
 
 
 def authorize(request: Request, model: str) -> None:
-    """403 when the client's key may not use `model` (a route or model name)."""
-    authorize_key(request.state.client_key, model)
+    """403 when the client's key may not use `model` (a route or model name, or one of a route's
+    aliases and globs: the key's `routes` name routes)."""
+    authorize_key(request.state.client_key, model, getattr(request.app.state, "gateway", None))
 
 
-def authorize_key(key: ClientKey | None, model: str) -> None:
-    if key is not None and not key.may_use(model):
+def authorize_key(key: ClientKey | None, model: str, gateway: Gateway | None = None) -> None:
+    if key is None or key.may_use(model):
+        return
+    route = None if gateway is None else gateway.route_name(model)
+    if route is None or not key.may_use(route):
         raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
 
 
@@ -131,13 +136,32 @@ async def answer_client(client: ClientRequest, gateway: Gateway, spec: RequestSp
     # the backend header names the target that actually served
     spec = gateway.with_routing_keys(spec, client.headers)
     opened = open_stream if spec.stream else collect
-    served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    fitted = FittedMaxTokens() if gateway.limits_for(spec.model).clamps else None
+    noting = FITTED_MAX_TOKENS.set(fitted)
+    try:
+        served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    finally:
+        FITTED_MAX_TOKENS.reset(noting)
     if served is None:
         return spec, None, {}
     headers = {**id_headers(client.request_id, served.backend), **limit_headers}
+    if fitted is not None:
+        headers.update(clamped_header(spec, fitted.served))
     if spec.stream:
         headers.update(SSE_HEADERS)
     return spec, served, headers
+
+
+def clamped_header(spec: RequestSpec, fitted: int | None) -> dict[str, str]:
+    """`x-switchyard-max-tokens-clamped: <asked>-><served>` when the request was served a smaller
+    output limit than it asked for (or than the route's default gave it): lowered to the route's
+    cap, or fitted into the context left after the prompt."""
+    given = spec.sampling.max_tokens
+    asked = spec.max_tokens_asked if spec.max_tokens_asked is not None else given
+    served = given if fitted is None else fitted
+    if asked is None or served is None or served >= asked:
+        return {}
+    return {CLAMPED_HEADER: f"{asked}->{served}"}
 
 
 async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,

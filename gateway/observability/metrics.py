@@ -137,7 +137,8 @@ class Metrics:
         self.attempts = Counter(
             "switchyard_route_attempts",
             "Attempts to serve a request on a route's target, by outcome: ok (served), an upstream error kind "
-            "(failed before the first token), or unsupported (the backend cannot do the request).",
+            "(failed before the first token), unsupported (the backend cannot do the request), or max_tokens_fitted "
+            "(the output limit did not fit the context left: started again with one that does).",
             (*LABELS, "outcome"),
             registry=r,
         )

@@ -185,7 +185,7 @@ def to_spec(req: R.ResponsesRequest, *, request_id: str, history: list[dict[str,
         sampling=Sampling(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            max_tokens=limits.max_tokens_for(req.model, "max_output_tokens", req.max_output_tokens),
+            max_tokens=(max_tokens := limits.max_tokens_for(req.model, "max_output_tokens", req.max_output_tokens)),
         ),
         messages=messages,
         stream=bool(req.stream),
@@ -195,6 +195,7 @@ def to_spec(req: R.ResponsesRequest, *, request_id: str, history: list[dict[str,
         parallel_tool_calls=req.parallel_tool_calls,
         response_format=fmt,
         user=req.user,
+        max_tokens_asked=req.max_output_tokens if req.max_output_tokens != max_tokens else None,
     )
 
 

@@ -11,6 +11,7 @@ that turns event batches into bytes, or an `EventSink` that assembles the respon
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ from gateway.service.shadow import fork_shadow
 from gateway.service.stream_feed import BODY_WRITER, StreamFeed, StreamWriter
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.config_types import Target
-from plugins.contract.errors import SwitchyardError, UpstreamError
+from plugins.contract.errors import ContextLengthExceeded, SwitchyardError, UpstreamError
 from plugins.contract.protocol import Capabilities, Event, RequestSpec, Usage
 
 
@@ -42,6 +43,22 @@ class Answer:
 
     body: Any
     backend: str
+
+
+class FittedMaxTokens:
+    """The output limit a request's attempt was served with after its route fitted it into the
+    context left (`RouteLimits.fit`); None while it was not."""
+
+    __slots__ = ("served",)
+
+    def __init__(self) -> None:
+        self.served: int | None = None
+
+
+# Where `Observed` notes a fitted output limit, for the response headers: set by
+# `gateway.http.common.answer_client` around serving a request on a route that clamps (the
+# front-ends in between pass only the request and its answer).
+FITTED_MAX_TOKENS: ContextVar[FittedMaxTokens | None] = ContextVar("switchyard_fitted_max_tokens", default=None)
 
 
 @dataclass
@@ -147,6 +164,39 @@ class Observed:
         if self.on_pump is not None:
             self.on_pump(pump)
         return pump
+
+    async def first_events(self) -> tuple[EventPump, list[Event] | None]:
+        """Start the attempt's pump and wait for its first events (None: it ended without any).
+        On a route that clamps the output (`over_max_tokens = "clamp"`), an attempt whose backend
+        says the output does not fit the context left is started once more, on the same target,
+        with the output limit that fits (`RouteLimits.fit`). The pump is closed if this raises."""
+        pump = self.start_pump()
+        try:
+            return pump, await pump.next_batch()
+        except ContextLengthExceeded as exc:
+            await self.close_pump(pump)
+            fitted = self.plan.limits.fit(exc, self.attempt_spec.sampling.max_tokens)  # type: ignore[union-attr]
+            if fitted is None:
+                raise
+        except BaseException:
+            await self.close_pump(pump)
+            raise
+        self._fit_max_tokens(fitted)
+        pump = self.start_pump()
+        try:
+            return pump, await pump.next_batch()
+        except BaseException:
+            await self.close_pump(pump)
+            raise
+
+    def _fit_max_tokens(self, max_tokens: int) -> None:
+        spec = self.attempt_spec
+        assert spec is not None and self.resolved is not None
+        self.attempt_spec = msgspec.structs.replace(spec, sampling=msgspec.structs.replace(spec.sampling, max_tokens=max_tokens))
+        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "max_tokens_fitted").inc()
+        note = FITTED_MAX_TOKENS.get()
+        if note is not None:
+            note.served = max_tokens
 
     async def close_pump(self, pump: EventPump) -> None:
         self.gateway.untrack(pump)
@@ -268,8 +318,7 @@ async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[Ev
         pump: EventPump | None = None
         try:
             await observed.admit()
-            pump = observed.start_pump()
-            first = await pump.next_batch()
+            pump, first = await observed.first_events()
         except BaseException as exc:
             if pump is not None:
                 await observed.close_pump(pump)
@@ -348,8 +397,7 @@ async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable
         started = False
         try:
             await observed.admit()
-            pump = observed.start_pump()
-            batch = await pump.next_batch()
+            pump, batch = await observed.first_events()
             while batch is not None:
                 if not started:
                     started = True

@@ -9,6 +9,7 @@ Owned by the app's lifespan (`app.state.gateway`), started once and closed in `f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -31,6 +32,7 @@ from gateway.observability.request_log import Attempt, RequestLog, RequestRecord
 from gateway.observability.telemetry import Telemetry, build_telemetry
 from gateway.service.admission import BackendLimiter, RouteLimits
 from gateway.service.event_pump import EventPump
+from gateway.service.model_names import ModelNames
 from gateway.service.outcomes import error_label, outcome_of, retry_kind
 from gateway.service.request_timer import RequestTimer
 from gateway.service.route_plan import RoutePlan, validate_routes
@@ -74,8 +76,10 @@ class Gateway:
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
     _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
+    names: ModelNames = field(init=False)  # the routes' aliases and globs
 
     def __post_init__(self) -> None:
+        self.names = ModelNames(self.config.routes)
         self._in_flight_view = MappingProxyType(self.in_flight)
         self._load_view = BackendLoads(self.backends, self.in_flight)
         self.metrics.show_live(ReplicaCollector(self.backends), WORKER_MODES)
@@ -142,6 +146,10 @@ class Gateway:
                     route = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
                     self.routes[info.id] = route
                     self.plans[info.id] = RoutePlan.build(route, limits=self.default_limits)
+        for name, plan in self.plans.items():  # a route that clamps output limits to its context
+            if plan.limits.clamps:
+                limits = dataclasses.replace(plan.limits, max_model_len=self.model_card(name)[1])
+                self.plans[name] = dataclasses.replace(plan, limits=limits)
 
     async def close(self) -> None:
         if self._cut is not None:
@@ -163,8 +171,13 @@ class Gateway:
             await asyncio.to_thread(self.telemetry.shutdown)
         self.metrics.close()
 
+    def route_name(self, model: str) -> str | None:
+        """The route a client's model name goes to (its own, an alias's, a glob's), or None."""
+        return self.names.route_of(model, self.routes)
+
     def model_card(self, name: str) -> tuple[Route, int | None]:
-        route = self.routes.get(name)
+        route_name = self.route_name(name)
+        route = None if route_name is None else self.routes.get(route_name)
         if route is None:
             raise ModelNotFound(name)
         lens = [self.model_infos.get(f"{t.backend}/{t.model}") for t in route.targets]
@@ -174,16 +187,23 @@ class Gateway:
     # -- routing -----------------------------------------------------------------------------
 
     def plan(self, model: str) -> RoutePlan:
+        """The plan of the route a client's model name goes to; `ModelNotFound` when none."""
         plan = self.plans.get(model)
         if plan is None:
-            route = self.routes.get(model)
+            name = self.route_name(model)
+            route = None if name is None else self.routes.get(name)
             if route is None:
                 raise ModelNotFound(model)
-            plan = self.plans[model] = RoutePlan.build(route, limits=self.default_limits)
+            plan = self.plans.get(route.name)
+            if plan is None:
+                plan = self.plans[route.name] = RoutePlan.build(route, limits=self.default_limits)
         return plan
 
     def limits_for(self, model: str) -> RouteLimits:
         plan = self.plans.get(model)
+        if plan is None:
+            name = self.route_name(model)
+            plan = None if name is None else self.plans.get(name)
         return self.default_limits if plan is None else plan.limits
 
     # -- draining ------------------------------------------------------------------------------
@@ -223,6 +243,8 @@ class Gateway:
         copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
         keys on `api_key` (or on Anthropic's `x-api-key`). Credentials themselves are never copied."""
         plan = self.plans.get(spec.model)
+        if plan is None and (name := self.route_name(spec.model)) is not None:
+            plan = self.plans.get(name)
         if plan is None or not (plan.key_headers or plan.key_api_key):
             return spec
         copied: dict[str, str] = {}
