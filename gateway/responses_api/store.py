@@ -78,11 +78,12 @@ class SQLiteStore:
 
     def _connect(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=10.0)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, body BLOB NOT NULL)")
-        db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
-        db.commit()
+        db = sqlite3.connect(self.path, timeout=_LOCK_WAIT_S)
+        try:
+            _set_up(db)
+        except BaseException:
+            db.close()
+            raise
         self._db = db
 
     def _put(self, response_id: str, body: bytes) -> None:
@@ -123,6 +124,33 @@ class SQLiteStore:
     async def close(self) -> None:
         await self._run(self._close)
         self._thread.shutdown(wait=True)
+
+
+_LOCK_WAIT_S = 10.0
+
+
+def _set_up(db: sqlite3.Connection) -> None:
+    """Switch to WAL and create the table, retrying while another worker does the same.
+
+    Two workers starting together on a fresh file both ask for WAL; the loser of that race
+    gets "database is locked" at once (SQLite's deadlock rule skips the busy handler), so the
+    wait the connection's timeout would give is taken here instead.
+    """
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    pause = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, body BLOB NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
+            db.commit()
+            return
+        except sqlite3.OperationalError as exc:
+            db.rollback()
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
 
 class RedisStore:
