@@ -47,15 +47,16 @@ class RouteLimits:
     max_tokens: int | None = None
     request_timeout_s: float | None = None
     default_max_tokens: int | None = None  # what a request that asks for none gets (<= max_tokens)
+    hosted_tools: str = "drop"  # Responses' hosted tools: "drop" or "reject" (`server.hosted_tools`)
 
     @classmethod
     def of(cls, server: ServerConfig, route: RouteConfig | None = None) -> RouteLimits:
         """`route`'s limits, the server's where it sets none (no route: a model served under its
         own name)."""
         if route is None:
-            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens)
+            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens, server.hosted_tools)
         return cls(route.max_tokens or server.max_tokens, route.request_timeout_s or server.request_timeout_s,
-                   route.default_max_tokens or server.default_max_tokens)
+                   route.default_max_tokens or server.default_max_tokens, route.hosted_tools or server.hosted_tools)
 
     def max_tokens_for(self, model: str, param: str, asked: int | None,
                        endpoint_default: int | None = None) -> int | None:
