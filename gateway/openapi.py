@@ -75,7 +75,14 @@ ITEM_STRUCTS: dict[tuple[type[msgspec.Struct], str], tuple[type[msgspec.Struct],
 # what each API's request struct refuses (`gateway.http.fields`): only null, in the document
 FIELD_TABLES: tuple[FieldTable, ...] = (RESPONSES_FIELDS,)
 # structs decoded only to be refused with a clear 400: no reference to them in the document
-REFUSED_STRUCTS: tuple[type[msgspec.Struct], ...] = R.REFUSED_PARTS
+REFUSED_STRUCTS: tuple[type[msgspec.Struct], ...] = (*R.REFUSED_PARTS, *R.HOSTED_CHOICES)
+# rules between fields of one request, as JSON Schema keywords on the request's schema
+CROSS_FIELD: dict[type[msgspec.Struct], dict[str, Any]] = {
+    R.ResponsesRequest: {  # `stream_options` only with `stream: true` (`translate.check_request`)
+        "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+        "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+    },
+}
 
 # every status an API operation may answer with besides 200, and why
 ERRORS = {
@@ -163,8 +170,8 @@ def components() -> dict[str, Any]:
 
 def _exact_requests(defs: dict[str, Any]) -> None:
     """What the structs alone cannot say of the requests: the items of fields decoded in two
-    steps (`ITEM_STRUCTS`), the fields each API refuses (`FIELD_TABLES`: null only) and the
-    structs decoded only to be refused (`REFUSED_STRUCTS`)."""
+    steps (`ITEM_STRUCTS`), the fields each API refuses (`FIELD_TABLES`: null only), the
+    structs decoded only to be refused (`REFUSED_STRUCTS`) and rules between fields (`CROSS_FIELD`)."""
     for (struct, field), items in ITEM_STRUCTS.items():
         prop = defs[_name(struct)]["properties"][field]
         for branch in prop.get("anyOf", [prop]):
@@ -177,6 +184,8 @@ def _exact_requests(defs: dict[str, Any]) -> None:
     refused = [{"$ref": REF.format(name=_name(struct))} for struct in REFUSED_STRUCTS]
     for schema in defs.values():
         _drop_branches(schema, refused)
+    for struct, rules in CROSS_FIELD.items():
+        defs[_name(struct)].update(copy.deepcopy(rules))
 
 
 def _drop_branches(node: Any, refused: list[dict[str, str]]) -> None:

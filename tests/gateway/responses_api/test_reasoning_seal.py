@@ -12,6 +12,7 @@ import pytest
 
 from gateway.responses_api.reasoning_seal import ReasoningSeal, load_seal
 from plugins.contract.errors import ConfigError
+from tests.support.server import echo_config, running_server
 
 KEY = b"k" * 32
 TEXT = "The user wants a colour. Blue is short. ünïcode ✓\n" * 20
@@ -68,3 +69,13 @@ def test_a_bad_key_file_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_seal(str(blocked / "reasoning.key"))  # its folder is a file
     assert info.value.param == "responses.reasoning_key_file"
+
+
+def test_a_server_with_an_unusable_key_file_does_not_start(tmp_path: Path) -> None:
+    short = tmp_path / "reasoning.key"
+    short.write_text("short\n")
+    config = f'[responses]\nsqlite_path = "{tmp_path}/r.sqlite3"\nreasoning_key_file = "{short}"\n\n' + echo_config()
+    with pytest.raises(RuntimeError) as info:
+        with running_server(config, tmp_path, ready_timeout=60):
+            pass
+    assert "responses.reasoning_key_file" in str(info.value) and "Traceback" not in str(info.value)
