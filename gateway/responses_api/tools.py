@@ -65,7 +65,8 @@ def custom_input(arguments: str) -> str:
 @dataclass
 class ChatTools:
     """The chat tools for one request (None: none), what each name stands for, the hosted tool
-    types left out (`hosted_tools = "drop"`), and what the response echoes in `tools`."""
+    types left out (`hosted_tools = "drop"`), and what the response echoes in `tools` (the
+    request's `tools` less those left out)."""
 
     tools: list[dict[str, Any]] | None = None
     names: dict[str, ToolRef] = field(default_factory=dict)
@@ -97,9 +98,8 @@ def chat_tools(groups: Sequence[tuple[str, Sequence[Any]]], hosted: str) -> Chat
                 if kind not in out.dropped:
                     out.dropped.append(kind)
                 continue
-            out.echo.append(msgspec.to_builtins(tool))
-    if out.tools is None and out.names:
-        out.tools = []
+            if param == "tools":
+                out.echo.append(msgspec.to_builtins(tool))
     return out
 
 
