@@ -149,10 +149,15 @@ def test_tool_round_trip(script: tuple[str, Path], tmp_path: Path, model: str | 
         (command,) = run.items("command_execution")
         assert command["command"].endswith("'cat switchyard.txt'") and command["aggregated_output"] == FILE_TEXT + "\n"
     assert run.answer.startswith("result: ") and shown in run.answer  # the tool output reached the model
-    call, result = logged(log)[-1]["prompt"][-2:]
-    name = prompt.split()[1]
-    assert call["role"] == "assistant" and call["tool_calls"][0]["function"]["name"] == name
-    assert result["role"] == "tool" and result["tool_call_id"] == call["tool_calls"][0]["id"] and shown in result["content"]
+    name = prompt.split()[1]  # the model's (flat) name of the tool: what the gateway gave it
+
+    def answered() -> list[list[dict]]:
+        return [e["prompt"] for e in logged(log) if e["prompt"][-1]["role"] == "tool" and shown in e["prompt"][-1]["content"]
+                and e["prompt"][-2].get("tool_calls", [{}])[0].get("function", {}).get("name") == name]
+
+    assert wait_until(lambda: bool(answered()), timeout=10), logged(log)[-3:]
+    call, result = answered()[-1][-2:]
+    assert call["role"] == "assistant" and result["tool_call_id"] == call["tool_calls"][0]["id"]
     assert_no_bad_answers(log)
 
 
