@@ -57,6 +57,10 @@ BAD = [
     ("unknown-routing-strategy", GOOD + ROUTE.replace('name = "chat"', 'name = "chat"\nstrategy = "roulette"'), "`routes[0].strategy`", "'roulette'"),
     ("route-without-targets", GOOD + '\n[[routes]]\nname = "r"\ntargets = []\n', "`routes[0].targets`", "length >= 1"),
     ("negative-weight", GOOD + ROUTE.replace("weight = 3", "weight = -1"), "`routes[0].targets[0].weight`", ">= 0"),
+    ("bad-hosted-tools", '[server]\nhosted_tools = "maybe"\n' + GOOD, "`server.hosted_tools`", "'maybe'"),
+    ("bad-route-hosted-tools", GOOD + ROUTE.replace('name = "chat"', 'name = "chat"\nhosted_tools = "keep"'),
+     "`routes[0].hosted_tools`", "'keep'"),
+    ("empty-reasoning-key-file", '[responses]\nreasoning_key_file = " "\n' + GOOD, "`responses.reasoning_key_file`", "empty"),
     ("not-toml", "[server\n", "", "not valid TOML"),
     ("source-is-not-a-key", 'source = "x"\n' + GOOD, "`source`", "unknown key"),
 ]
