@@ -92,6 +92,9 @@ class ServerConfig(_Config):
     state: Annotated[str, Meta(pattern=r"^rediss?://")] | None = None
     on_state_error: Literal["allow", "deny"] = "allow"
     state_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
+    # take Claude Code's `x-anthropic-billing-header: ...` line out of system prompts before
+    # they are rendered (gateway/http/billing_header.py); a route's own value overrides it
+    strip_billing_header: bool = True
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
@@ -152,6 +155,7 @@ class RouteConfig(_Config):
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
+    strip_billing_header: bool | None = None  # default: `server.strip_billing_header`
 
 
 class TelemetryConfig(_Config):

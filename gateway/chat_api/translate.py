@@ -258,6 +258,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         response_format=_builtins(req.response_format),
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
+        session=req.prompt_cache_key,
         extensions=extensions_used(req),
     )
 

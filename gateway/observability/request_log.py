@@ -16,7 +16,8 @@ A line (keys in this order; null when unknown):
      "attempts": [{"backend": "vllm", "outcome": "ok"}]}
 
 `replica` (the base URL of the replica that served, or was tried last) is there only for
-backends that serve from several replicas.
+backends that serve from several replicas; `session` (the agent session the request belongs to,
+`RequestSpec.session`) only when there is one.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     attempts: list[Attempt]
     prompt: Any = None  # messages or prompt, only with log_prompts
     replica: str | None = None  # the replica of a fleet backend that served (its events' `served_by`)
+    session: str | None = None  # the agent session the request belongs to (`RequestSpec.session`)
 
 
 class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -70,6 +72,7 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
     arm: str
     backend: str
     replica: str | None = None  # left out of the line when None (a backend of one server)
+    session: str | None = None  # left out of the line when None
     model: str
     shadow: bool
     kind: str
@@ -104,6 +107,7 @@ def to_line(r: RequestRecord) -> LogLine:
         arm=r.arm,
         backend=r.backend,
         replica=r.replica,
+        session=r.session,
         model=r.model,
         shadow=r.shadow,
         kind=r.kind,

@@ -72,6 +72,7 @@ class Gateway:
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
     _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
+    _strip_billing: dict[str, bool] = field(init=False, default_factory=dict)  # routes' own `strip_billing_header`
 
     def __post_init__(self) -> None:
         self._in_flight_view = MappingProxyType(self.in_flight)
@@ -101,6 +102,7 @@ class Gateway:
         if server.request_log:
             self.request_log = RequestLog(server.request_log, on_drop=self.metrics.request_log_dropped.inc)
         by_name = {r.name: r for r in self.config.routes}
+        self._strip_billing = {r.name: r.strip_billing_header for r in self.config.routes if r.strip_billing_header is not None}
         for name, route in self.routes.items():
             cfg = by_name.get(name)
             if cfg is None:
@@ -176,6 +178,11 @@ class Gateway:
                 raise ModelNotFound(model)
             plan = self.plans[model] = RoutePlan.build(route, limits=self.default_limits)
         return plan
+
+    def strips_billing_header(self, model: str) -> bool:
+        """Whether requests for `model` lose Claude Code's billing line (`strip_billing_header`:
+        the route's, else the server's)."""
+        return self._strip_billing.get(model, self.config.server.strip_billing_header)
 
     def limits_for(self, model: str) -> RouteLimits:
         plan = self.plans.get(model)
@@ -324,6 +331,7 @@ class Gateway:
                     attempts=attempts,
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
                     replica=replica,
+                    session=spec.session,
                 )
             )
         return outcome, timings
