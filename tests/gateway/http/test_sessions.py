@@ -1,13 +1,20 @@
 """The agent session a request belongs to: the body's id first, then Claude Code's header, then
-Codex's; what the real CLIs sent resolves to the session id they meant."""
+Codex's; what the real CLIs sent resolves to the session id they meant; every front-end's request
+carries it (the request log shows it)."""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
+import httpx
 import pytest
 
 from gateway.http.sessions import MAX_SESSION_CHARS, SESSION_HEADERS, session_of, with_session
 from plugins.contract.protocol import RequestSpec, Sampling
 from tests.support import agent_recordings
+from tests.support.server import echo_config, running_server
 
 
 def spec(session: str | None = None) -> RequestSpec:
@@ -55,3 +62,29 @@ def test_the_recorded_cli_requests_carry_their_session_in_a_header(request_: age
         assert request_.body["prompt_cache_key"] == session
     else:
         assert f'"session_id":"{session}"' in request_.body["metadata"]["user_id"]
+
+
+def test_every_front_end_s_request_carries_its_session_into_the_request_log(tmp_path: Path) -> None:
+    """Through a real server: chat's `prompt_cache_key` beats both headers; a Messages request
+    with Claude Code's header and a Responses request with Codex's carry theirs; none without."""
+    log = tmp_path / "requests.jsonl"
+    config = f'[server]\nrequest_log = "{log}"\n\n' + echo_config(models=["echo-1"])
+    both = {"x-claude-code-session-id": "claude-id", "session-id": "codex-id"}
+    sent = [
+        ("chat-body", "/v1/chat/completions", {"prompt_cache_key": "body-id", "messages": [{"role": "user", "content": "hi"}]}, both),
+        ("chat-header", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, both),
+        ("messages", "/v1/messages?beta=true", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+         {"X-Claude-Code-Session-Id": "claude-id", "anthropic-version": "2023-06-01"}),
+        ("responses", "/v1/responses", {"input": "hi", "stream": True}, {"session-id": "codex-id"}),
+        ("none", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, {"thread-id": "t"}),
+    ]
+    with running_server(config, tmp_path) as base:
+        for request_id, path, body, headers in sent:
+            reply = httpx.post(base + path, json={"model": "echo-1", **body}, headers={**headers, "x-request-id": request_id})
+            assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < len(sent):
+            time.sleep(0.05)
+    logged = {(d := json.loads(line))["request_id"]: d.get("session") for line in log.read_text().splitlines()}
+    assert logged == {"chat-body": "body-id", "chat-header": "claude-id", "messages": "claude-id", "responses": "codex-id",
+                      "none": None}
