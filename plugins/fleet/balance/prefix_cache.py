@@ -5,9 +5,10 @@ overloaded; spread prompts that are cached nowhere.
    went (`session_table`), unless that candidate's load exceeds the least-loaded one's by more
    than `load_margin` requests (or it cannot be tried). A new session — or one moved off an
    overloaded candidate — goes to the candidate, among those not overloaded, holding the fewest
-   sessions (then the lower load, then the longest prefix match): sessions spread evenly, even
-   though they all share one long system prompt that would pull every new one onto the replica
-   that saw it first. Steps 1-3 are for requests without a session.
+   sessions (then the lower load, the longest prefix match, a rank hashed from the session and
+   the candidate's name): sessions spread evenly, although they all share one long system
+   prompt that would pull every new one onto the replica that saw it first. Steps 1-3 are for
+   requests without a session.
 1. The prompt's block hashes (`prefix_index.prompt_blocks`) are matched against each
    candidate's entries in the index: the longest run of leading blocks it holds.
 2. A hit is a match of at least `min_match_ratio` of the prompt's blocks (at least one) — so
@@ -18,9 +19,9 @@ overloaded; spread prompts that are cached nowhere.
    ones the one holding the fewest cached blocks, so distinct prefixes spread over an idle
    fleet (after an overload: first the one holding most of the prefix, so spills gather);
    remaining ties go round the list.
-4. The chosen candidate's entries take the prompt's blocks at once (a session's home moves to it) — before it answers — so
+4. The chosen candidate's entries take the prompt's blocks at once — before it answers — so
    requests with the same prefix that arrive together follow the first one, and are spread
-   only when that replica is overloaded.
+   only when that replica is overloaded; a session's home moves to it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from plugins.contract.protocol import RequestSpec
 from plugins.fleet.balance.base import C, Choice, rotated
 from plugins.fleet.balance.prefix_index import CHARS_PER_TOKEN, PrefixIndex, prompt_blocks
-from plugins.fleet.balance.session_table import SessionTable
+from plugins.fleet.balance.session_table import SessionTable, session_rank
 from plugins.fleet.options import PrefixCacheOptions
 
 
@@ -64,14 +65,16 @@ class PrefixCache:
     def _by_session(self, session: str, blocks: list[int], order: list[C], loads: dict[str, float]) -> tuple[C, str]:
         """Where the session's last turn went, unless that replica is overloaded (or cannot be
         tried); else, as for a new session, the not overloaded candidate with the fewest
-        sessions, then the lower load, then the longest prefix match."""
+        sessions, then the lower load, then the longest prefix match, then the session's own
+        rank (the same in every worker)."""
         home = self.sessions.home(session)
         least = min(loads.values())
         fresh = [c for c in order if loads[c.name] <= least + self.options.load_margin]
         for c in fresh:
             if c.name == home:
                 return c, "session_hit"
-        chosen = min(fresh, key=lambda c: (self.sessions.num_sessions(c.name), loads[c.name], -self.index.match(c.name, blocks)))
+        chosen = min(fresh, key=lambda c: (self.sessions.num_sessions(c.name), loads[c.name], -self.index.match(c.name, blocks),
+                                           -session_rank(session, c.name)))
         return chosen, "session_new" if home is None else "session_moved"
 
     def _by_prefix(self, blocks: list[int], order: list[C], loads: dict[str, float]) -> tuple[C, str]:

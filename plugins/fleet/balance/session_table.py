@@ -9,12 +9,15 @@ replica's sessions so that new sessions spread evenly.
 Bounded: at most `max_entries` sessions, the least recently used forgotten first (a forgotten
 session is placed again as a new one: at worst one prefill). No clock, no TTL: a session idle
 long enough to be forgotten by the engine is harmless here (its replica is still as good as any),
-and the same trace gives the same table. Per process, like the prefix index: a sticky route keyed
-on `session` is the stateless alternative (rendezvous hashing: every worker agrees).
+and the same trace gives the same table. Per process, like the prefix index: with several
+workers (or gateways) each keeps its own; a new session's ties are broken by `session_rank`, so
+that workers which saw the same sessions agree. A sticky route keyed on `session` is the
+stateless alternative (rendezvous hashing: every worker agrees, whatever it saw).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 
 # What one entry costs at most (an OrderedDict entry and its linked node, a 36-character session
@@ -59,3 +62,9 @@ class SessionTable:
         for session in [s for s, r in self._home.items() if r == replica]:
             del self._home[session]
         self._count.pop(replica, None)
+
+
+def session_rank(session: str, replica: str) -> int:
+    """A stable pseudo-random rank of `replica` for `session` (rendezvous hashing): the tie-break
+    between equally good homes for a new session, the same in every worker and gateway."""
+    return int.from_bytes(hashlib.blake2b(f"{session}\x00{replica}".encode(), digest_size=8).digest(), "big")

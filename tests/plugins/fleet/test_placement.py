@@ -258,3 +258,16 @@ def test_a_session_entry_costs_at_most_its_stated_bytes() -> None:
     tracemalloc.stop()
     assert len(table) == n
     assert used / n <= SESSION_ENTRY_BYTES, f"{used / n:.0f} bytes per session"
+
+
+def test_workers_that_saw_the_same_sessions_place_a_new_one_alike() -> None:
+    """Each worker keeps its own table; a new session's ties are broken by a hash of the session,
+    not by the worker's own turn counter, so two workers agree — here one had served plain
+    requests in between."""
+    system = tenant_prompt(3, 2000)
+    one, two = make_balancer("prefix_cache"), make_balancer("prefix_cache")
+    candidates = fleet(3)
+    for i in range(5):
+        two.choose(chat(f"plain {i}", system=tenant_prompt(10 + i, 500)), candidates)
+    for s in (f"s{i}" for i in range(7)):
+        assert one.choose(agent_turn(s, 0, system), candidates).candidate is two.choose(agent_turn(s, 0, system), candidates).candidate
