@@ -54,6 +54,7 @@ class Fit:
     tools: int = 2
     tool_chars: int = 240
     max_tokens: int = 16
+    turn_chars: int = 0  # from the second turn on, each user turn also pastes this much command output
 
 
 def _hex(*parts: object, n: int) -> str:
@@ -87,6 +88,18 @@ class AgentSession:
         if turn == 0:
             return f"Task {self.index}: look at {self.topic} and name the first thing to check."
         return f"Step {turn} of task {self.index}: and after that, what next in {self.topic}? One line."
+
+    def pasted(self, turn: int) -> str | None:
+        """The command output a later user turn carries (what an agent's tool results add to the
+        history), distinct per session and turn; None without `Fit.turn_chars`."""
+        if turn == 0 or not self.fit.turn_chars:
+            return None
+        name = self.topic.split()[-1].replace("_", "")
+        lines, k = [f"$ sed -n {turn * 40},{turn * 40 + 39}p src/{name}.py"], 0
+        while sum(len(line) + 1 for line in lines) < self.fit.turn_chars:
+            k += 1
+            lines.append(f"    {name}_{turn}_{k} = check({self.index}, {_hex(self.id, turn, k, n=6)!r})  # step {k}")
+        return "\n".join(lines)[: self.fit.turn_chars]
 
     def answered(self, text: str) -> None:
         self.answers.append(text)
@@ -147,7 +160,9 @@ class AgentSession:
         messages = [first]  # the recorded `role: "system"` environment message after it: not yet accepted
         for t in range(1, turn + 1):
             messages.append({"role": "assistant", "content": [{"type": "text", "text": self.answers[t - 1]}]})
-            messages.append({"role": "user", "content": [{"type": "text", "text": self.question(t)}]})
+            paste = self.pasted(t)
+            messages.append({"role": "user", "content": [*([{"type": "text", "text": paste}] if paste else []),
+                                                         {"type": "text", "text": self.question(t)}]})
         messages[-1]["content"][-1] = {**messages[-1]["content"][-1], "cache_control": {"type": "ephemeral"}}
         body["messages"] = messages
 
@@ -163,12 +178,12 @@ class AgentSession:
         history = [*developer, context, _codex_message("user", "input_text", self.question(0))]
         for t in range(1, turn + 1):
             history.append(_codex_message("assistant", "output_text", self.answers[t - 1]))
-            history.append(_codex_message("user", "input_text", self.question(t)))
+            history.append(_codex_message("user", "input_text", self.pasted(t), self.question(t)))
         body["input"] = history
 
 
-def _codex_message(role: str, kind: str, text: str) -> dict[str, Any]:
-    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+def _codex_message(role: str, kind: str, *texts: str | None) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text} for text in texts if text]}
 
 
 def first_request(cli: str) -> agent_recordings.AgentRequest:
