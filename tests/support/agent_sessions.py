@@ -58,7 +58,7 @@ class Fit:
 
 
 def _hex(*parts: object, n: int) -> str:
-    return hashlib.blake2b("\x00".join(map(str, parts)).encode(), digest_size=8).hexdigest()[:n]
+    return hashlib.blake2b("\x00".join(map(str, parts)).encode(), digest_size=16).hexdigest()[:n]
 
 
 def session_id(cli: str, index: int, seed: int = 0) -> str:
