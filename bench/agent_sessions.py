@@ -1,7 +1,7 @@
 """Coding-agent sessions through a fleet: the recorded Claude Code and Codex request shapes, many
 turns each, through three real llama.cpp replicas, routed four ways side by side.
 
-    .venv/bin/python bench/agent_sessions.py                      # the four arms, ~20 min on 2 cores
+    .venv/bin/python bench/agent_sessions.py --passes 2           # the four arms twice, ~45 min on 2 busy cores
     .venv/bin/python bench/agent_sessions.py --arms switchyard oracle switchyard_no_strip
     .venv/bin/python bench/agent_sessions.py --smoke              # seconds: 2 sessions x 2 turns, one arm
 
@@ -32,10 +32,15 @@ and only the choice of replica differs:
   single-replica backends and a route per replica.
 - `switchyard_no_strip` (not run by default): `switchyard` with `strip_billing_header = false`.
 
+`--passes` N runs the arms N times, interleaved (every other pass in reverse order), and pools
+each arm's turns: on a shared machine the others' load drifts over an arm's minutes.
+
 Per arm: TTFT p50/p99 of turns >= 2 (and of first turns), the cached-token ratio (sum of
 `cached_tokens` / sum of prompt tokens from the usage the client got) of turns >= 2 and overall,
 per replica the prompt tokens it prefilled (llama-server's `/metrics`), the sessions that stayed
-on one replica (Switchyard's request log), the gateway's CPU seconds per 1,000 requests, errors.
+on one replica (Switchyard's request log), the gateway's CPU seconds per 1,000 requests (also
+less its idle background work — health probes, load scrapes — measured for `--idle-s` before
+each pass), errors.
 Ratios: ours (`switchyard`) ÷ each peer.
 """
 
@@ -187,7 +192,22 @@ async def run_sessions(base: str, agents: list[AgentSession], args: argparse.Nam
     return sent
 
 
-def run_arm(arm: str, args: argparse.Namespace) -> dict:
+@dataclass
+class Run:
+    """One pass of one arm: its turns (with the replica that served, where known) and its costs."""
+
+    arm: str
+    sent: list[Sent]
+    replica_of: dict[str, str]  # request id -> replica0..2
+    prefilled: list[float]  # per replica
+    wall: float
+    cpu: float  # the gateway's, over the pass
+    idle_cpu_per_s: float  # the same gateway's before the pass, idle
+    router_cpu: float | None
+    others: float
+
+
+def run_arm(arm: str, args: argparse.Namespace) -> Run:
     log_dir = args.results_dir / "agent_sessions_logs"
     fit = Fit(system_chars=args.system_chars, tools=args.tools, tool_chars=args.tool_chars, max_tokens=args.max_tokens,
               turn_chars=args.turn_chars)
@@ -198,20 +218,29 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     try:
         router = start_sglang(replicas, log_dir) if arm == "sglang_cache_aware" else None
         gateway, request_log = start_switchyard(arm, replicas, router, log_dir)
+        idle0, t_idle = tree_cpu_seconds(gateway.pid), time.perf_counter()
+        time.sleep(args.idle_s)  # the gateway's own background work (health probes, load scrapes) per second
         cpu0 = tree_cpu_seconds(gateway.pid)
+        idle_rate = (cpu0 - idle0) / (time.perf_counter() - t_idle)
         router_cpu0 = tree_cpu_seconds(router.pid) if router else 0.0
         wall0 = time.perf_counter()
         sent = asyncio.run(run_sessions(gateway.base, agents, args, oracle=arm == "oracle"))
         wall = time.perf_counter() - wall0
         cpu = tree_cpu_seconds(gateway.pid) - cpu0
         router_cpu = tree_cpu_seconds(router.pid) - router_cpu0 if router else None
-        per_replica = [prefilled(r) for r in replicas]
+        per_replica = [prefilled(r).get("prompt_tokens_total", 0.0) for r in replicas]
         logged = read_log(request_log, len(sent))
     finally:
         for server in (gateway, router, *replicas):
             if server is not None:
                 server.stop()
-    return summarize(arm, sent, logged, per_replica, replicas, wall=wall, cpu=cpu, router_cpu=router_cpu, others=others)
+    alias = {r.base: f"replica{i}" for i, r in enumerate(replicas)} | {f"r{i}": f"replica{i}" for i in range(REPLICAS)}
+    replica_of = {rid: alias.get(line.get("replica") or "") or alias.get(line["backend"], "?") for rid, line in logged.items()
+                  if line.get("replica") or line["backend"] in alias}
+    run = Run(arm, sent, replica_of, per_replica, wall, cpu, idle_rate, router_cpu, others)
+    print(f"    {arm} pass: {len(sent)} turns, wall {wall:.0f} s, prefilled {per_replica}, others {others:.0%} busy before",
+          flush=True)
+    return run
 
 
 def read_log(path: Path, count: int, timeout: float = 10.0) -> dict[str, dict]:
@@ -225,8 +254,9 @@ def read_log(path: Path, count: int, timeout: float = 10.0) -> dict[str, dict]:
     return {(d := json.loads(line))["request_id"]: d for line in lines}
 
 
-def summarize(arm: str, sent: list[Sent], logged: dict[str, dict], per_replica: list[dict[str, float]],
-              replicas: list[Server], *, wall: float, cpu: float, router_cpu: float | None, others: float) -> dict:
+def summarize(arm: str, runs: list[Run]) -> dict:
+    """The arm's figures over all its passes (turns pooled)."""
+    sent = [s for run in runs for s in run.sent]
     ok = [s for s in sent if s.turn.error is None]
     later = [s.turn for s in ok if s.turn.turn >= 1]
     first = [s.turn for s in ok if s.turn.turn == 0]
@@ -235,34 +265,40 @@ def summarize(arm: str, sent: list[Sent], logged: dict[str, dict], per_replica: 
         prompt = sum(t.prompt_tokens for t in turns)
         return sum(t.cached_tokens for t in turns) / prompt if prompt else None
 
-    alias = {r.base: f"replica{i}" for i, r in enumerate(replicas)}
-    homes: dict[int, set[str]] = {}
-    for s in ok:
-        line = logged.get(s.turn.request_id) or {}
-        replica = alias.get(line.get("replica") or "") or {f"r{i}": f"replica{i}" for i in range(REPLICAS)}.get(line.get("backend"))
-        if replica:
-            homes.setdefault(s.index, set()).add(replica)
-    prefill = [p.get("prompt_tokens_total", 0.0) for p in per_replica]
+    homes: dict[tuple[int, int], set[str]] = {}
+    for n, run in enumerate(runs):
+        for s in run.sent:
+            if s.turn.error is None and s.turn.request_id in run.replica_of:
+                homes.setdefault((n, s.index), set()).add(run.replica_of[s.turn.request_id])
+    requests = len(sent)
+    later_ttft = [t.ttft for t in later if t.ttft is not None]
     row = {
-        "arm": arm, "requests": len(sent), "errors": len(sent) - len(ok),
+        "arm": arm, "passes": len(runs), "requests": requests, "errors": requests - len(ok),
         "error_samples": sorted({s.turn.error for s in sent if s.turn.error})[:3],
-        "ttft_later_p50_s": pct([t.ttft for t in later if t.ttft is not None], 0.5) if later else None,
-        "ttft_later_p99_s": pct([t.ttft for t in later if t.ttft is not None], 0.99) if later else None,
+        "ttft_later_p50_s": pct(later_ttft, 0.5) if later_ttft else None,
+        "ttft_later_p99_s": pct(later_ttft, 0.99) if later_ttft else None,
+        "ttft_later_p50_per_pass_s": [pct([s.turn.ttft for s in run.sent if s.turn.turn >= 1 and s.turn.ttft is not None], 0.5)
+                                      for run in runs],
         "ttft_first_p50_s": pct([t.ttft for t in first if t.ttft is not None], 0.5) if first else None,
         "cached_ratio_later": cached_ratio(later), "cached_ratio_all": cached_ratio([s.turn for s in ok]),
-        "prompt_tokens_later": sum(t.prompt_tokens for t in later),
-        "prefilled_tokens_per_replica": prefill, "prefilled_tokens": sum(prefill),
-        "sessions_on_one_replica": sum(1 for h in homes.values() if len(h) == 1) if homes else None,
-        "sessions_per_replica": {r: sum(1 for h in homes.values() if h == {r}) for r in sorted(alias.values())} if homes else None,
-        "gateway_cpu_s_per_1k": cpu / len(sent) * 1000 if sent else None,
-        "router_cpu_s_per_1k": router_cpu / len(sent) * 1000 if router_cpu is not None and sent else None,
-        "wall_s": wall, "others_busy_before": others,
+        "prefilled_tokens_per_pass": [sum(run.prefilled) for run in runs],
+        "prefilled_tokens_per_replica": [run.prefilled for run in runs],
+        "sessions_on_one_replica": f"{sum(1 for h in homes.values() if len(h) == 1)}/{len(homes)}" if homes else None,
+        "gateway_cpu_s_per_1k": sum(r.cpu for r in runs) / requests * 1000 if requests else None,
+        "gateway_idle_cpu_s_per_s": sum(r.idle_cpu_per_s for r in runs) / len(runs),
+        "gateway_cpu_s_per_1k_less_idle": (sum(r.cpu - r.idle_cpu_per_s * r.wall for r in runs) / requests * 1000
+                                           if requests else None),
+        "router_cpu_s_per_1k": (sum(r.router_cpu or 0.0 for r in runs) / requests * 1000
+                                if requests and runs[0].router_cpu is not None else None),
+        "wall_s": [run.wall for run in runs], "others_busy_before": [run.others for run in runs],
     }
-    print(f"  {arm:<20} n={row['requests']:<3} err={row['errors']:<2} turn>=2 TTFT p50/p99 "
-          f"{fmt(row['ttft_later_p50_s'])}/{fmt(row['ttft_later_p99_s'])} s  first-turn p50 {fmt(row['ttft_first_p50_s'])} s  "
-          f"cached turn>=2 {fmt(row['cached_ratio_later'], '.3f')} (all {fmt(row['cached_ratio_all'], '.3f')})  "
-          f"prefilled {prefill}  one-replica sessions {row['sessions_on_one_replica']}  "
-          f"gateway CPU/1k {fmt(row['gateway_cpu_s_per_1k'], '.1f')} s  wall {wall:.0f} s  others {others:.0%} busy", flush=True)
+    print(f"  {arm:<20} n={requests:<3} err={row['errors']:<2} turn>=2 TTFT p50/p99 "
+          f"{fmt(row['ttft_later_p50_s'])}/{fmt(row['ttft_later_p99_s'])} s (per pass {[round(x, 1) for x in row['ttft_later_p50_per_pass_s']]})"
+          f"  first-turn p50 {fmt(row['ttft_first_p50_s'])} s  cached turn>=2 {fmt(row['cached_ratio_later'], '.3f')} "
+          f"(all {fmt(row['cached_ratio_all'], '.3f')})  prefilled/pass {row['prefilled_tokens_per_pass']}  "
+          f"one-replica sessions {row['sessions_on_one_replica']}  gateway CPU/1k {fmt(row['gateway_cpu_s_per_1k'], '.1f')} s "
+          f"(less idle {fmt(row['gateway_cpu_s_per_1k_less_idle'], '.1f')})",
+          flush=True)
     return row
 
 
@@ -284,6 +320,7 @@ def targets(rows: dict[str, dict]) -> dict:
         value = out["cached_ratio_later_switchyard_over_oracle"]
         out["cached_ratio_vs_oracle_met (>= 0.9)"] = value is not None and value >= 0.9  # type: ignore[operator]
     out["gateway_cpu_s_per_1k_agent_requests"] = ours["gateway_cpu_s_per_1k"]
+    out["gateway_cpu_s_per_1k_agent_requests_less_idle"] = ours["gateway_cpu_s_per_1k_less_idle"]
     return out
 
 
@@ -295,19 +332,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-chars", type=int, default=2400, help="the recorded system prompt cut to this")
     parser.add_argument("--tools", type=int, default=2, help="the first N recorded tools")
     parser.add_argument("--tool-chars", type=int, default=240, help="each tool's description cut to this")
-    parser.add_argument("--turn-chars", type=int, default=600, help="pasted command output per later user turn")
+    parser.add_argument("--turn-chars", type=int, default=400, help="pasted command output per later user turn")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--think-s", type=float, default=0.5, help="mean pause between a session's turns")
     parser.add_argument("--slots", type=int, default=4, help="llama-server -np")
     parser.add_argument("--ctx-per-slot", type=int, default=3072)
     parser.add_argument("--cache-ram", type=int, default=256, help="llama-server --cache-ram MiB per replica")
     parser.add_argument("--seed", type=int, default=32)
+    parser.add_argument("--passes", type=int, default=1, help="passes over the arms, interleaved; turns pooled per arm")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="the gateway's idle CPU measured this long first")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.sessions, args.turns, args.system_chars, args.tools, args.turn_chars, args.think_s = 2, 2, 600, 1, 120, 0.0
-        args.max_tokens, args.slots, args.ctx_per_slot = 8, 2, 1536
+        args.max_tokens, args.slots, args.ctx_per_slot, args.idle_s = 8, 2, 1536, 1.0
         args.arms = [a for a in args.arms if a in ("switchyard", "oracle")] or ["switchyard"]
     versions = {"llama.cpp": "b11434", SGLANG.name: SGLANG.version if SGLANG.installed() else None}
     info = print_header("agent sessions: recorded Claude Code / Codex shapes, 3 llama.cpp replicas", versions)
@@ -320,11 +359,14 @@ def main(argv: list[str] | None = None) -> int:
           f"-t 1 -np {args.slots} x {args.ctx_per_slot} tokens, --cache-ram {args.cache_ram} MiB", flush=True)
     report = {"machine": info, "versions": versions, "config": vars(args) | {"results_dir": str(args.results_dir)},
               "skipped_arms": skipped, "rows": [], "targets": {}}
-    rows: dict[str, dict] = {}
-    for arm in arms:
-        rows[arm] = run_arm(arm, args)
+    runs: dict[str, list[Run]] = {arm: [] for arm in arms}
+    for n in range(args.passes):  # interleaved, every other pass in reverse, so that the machine's drift hits every arm
+        print(f"pass {n + 1} of {args.passes} ({uptime_line()})", flush=True)
+        for arm in arms if n % 2 == 0 else arms[::-1]:
+            runs[arm].append(run_arm(arm, args))
+        rows = {arm: summarize(arm, done) for arm, done in runs.items() if done}
         report |= {"rows": list(rows.values()), "targets": targets(rows), "uptime_after": uptime_line()}
-        write_result("agent_sessions", report, results_dir=args.results_dir, smoke=args.smoke)  # after every arm
+        write_result("agent_sessions", report, results_dir=args.results_dir, smoke=args.smoke)  # after every pass
     for key, value in report["targets"].items():
         print(f"  {key}: {value if not isinstance(value, float) else round(value, 3)}")
     return 0
