@@ -235,8 +235,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> Run:
             if server is not None:
                 server.stop()
     alias = {r.base: f"replica{i}" for i, r in enumerate(replicas)} | {f"r{i}": f"replica{i}" for i in range(REPLICAS)}
-    replica_of = {rid: alias.get(line.get("replica") or "") or alias.get(line["backend"], "?") for rid, line in logged.items()
-                  if line.get("replica") or line["backend"] in alias}
+    # the replica that served, where the request log can tell (not behind sglang-router)
+    replica_of = {rid: name for rid, line in logged.items()
+                  if (name := alias.get(line.get("replica") or "") or alias.get(line["backend"]))}
     run = Run(arm, sent, replica_of, per_replica, wall, cpu, idle_rate, router_cpu, others)
     print(f"    {arm} pass: {len(sent)} turns, wall {wall:.0f} s, prefilled {per_replica}, others {others:.0%} busy before",
           flush=True)
