@@ -142,6 +142,9 @@ class ServerConfig(_Config):
     # which no engine here can run: "drop" leaves them out (named in `x-switchyard-dropped-tools`),
     # "reject" answers 400. A route's own value overrides it.
     hosted_tools: Literal["drop", "reject"] = "drop"
+    # take Claude Code's `x-anthropic-billing-header: ...` line out of system prompts before
+    # they are rendered (gateway/http/billing_header.py); a route's own value overrides it
+    strip_billing_header: bool = True
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
@@ -209,6 +212,7 @@ class RouteConfig(_Config):
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
     ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None  # default: `server.flow_control.ttft_slo_ms`
     hosted_tools: Literal["drop", "reject"] | None = None  # default: `server.hosted_tools`
+    strip_billing_header: bool | None = None  # default: `server.strip_billing_header`
 
 
 class TelemetryConfig(_Config):

@@ -46,6 +46,7 @@ BAD = [
     ("bad-value-type", '[server]\nport = "eighty"\n' + GOOD, "`server.port`", "Expected `int`"),
     ("bad-value-range", "[server]\nport = 70000\n" + GOOD, "`server.port`", "<= 65535"),
     ("bad-max_n", "[server]\nmax_n = 0\n" + GOOD, "`server.max_n`", ">= 1"),
+    ("bad-strip_billing_header", '[server]\nstrip_billing_header = "on"\n' + GOOD, "`server.strip_billing_header`", "Expected `bool`"),
     ("unknown-plugins-key", GOOD.replace("[plugins]", "[plugins]\nenable = []"), "`plugins.enable`", "unknown key"),
     ("unknown-backend-type", GOOD.replace('type = "echo"', 'type = "nope"'), "`backends[0].type`", "'nope'"),
     ("unknown-backend-key", GOOD.replace('type = "echo"', 'type = "echo"\nkind = "x"'), "`backends[0].kind`", "unknown key"),
