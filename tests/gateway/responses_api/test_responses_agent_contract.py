@@ -6,10 +6,12 @@ refused, and a prompt too long in the shape Codex acts on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -159,11 +161,17 @@ def test_the_agents_sdk_runs_a_tool_with_stateless_reasoning(served: tuple[str, 
         """The weather in a city."""
         return f"sunny in {city}"
 
-    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=AsyncOpenAI(base_url=served[0] + "/v1", api_key="unused"))
-    settings = agents.ModelSettings(store=False, response_include=["reasoning.encrypted_content"])
-    agent = agents.Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model,
-                         model_settings=settings)
-    result = agents.Runner.run_sync(agent, "THINK plan a call ANSWER CALL get_weather Lyon", max_turns=3)
+    async def run() -> Any:
+        # closed in the loop that opened it: left to the garbage collector, its pool would be
+        # closed from a later test's event loop, after this one is gone
+        async with AsyncOpenAI(base_url=served[0] + "/v1", api_key="unused") as openai_client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=openai_client)
+            settings = agents.ModelSettings(store=False, response_include=["reasoning.encrypted_content"])
+            agent = agents.Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model=model,
+                                 model_settings=settings)
+            return await agents.Runner.run(agent, "THINK plan a call ANSWER CALL get_weather Lyon", max_turns=3)
+
+    result = asyncio.run(run())
     assert result.final_output == "result: sunny in Lyon"
     assistant = prompt_of(served[1], "sunny in Lyon")[-2]
     assert assistant["reasoning_content"] == "plan a call"
