@@ -138,6 +138,13 @@ class ServerConfig(_Config):
     on_state_error: Literal["allow", "deny"] = "allow"
     state_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
     flow_control: FlowControlConfig = msgspec.field(default_factory=FlowControlConfig)
+    # Responses tools OpenAI runs on its side (web_search, file_search, code_interpreter, mcp...),
+    # which no engine here can run: "drop" leaves them out (named in `x-switchyard-dropped-tools`),
+    # "reject" answers 400. A route's own value overrides it.
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    # take Claude Code's `x-anthropic-billing-header: ...` line out of system prompts before
+    # they are rendered (gateway/http/billing_header.py); a route's own value overrides it
+    strip_billing_header: bool = True
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
@@ -204,6 +211,8 @@ class RouteConfig(_Config):
     over_max_tokens: Literal["reject", "clamp"] | None = None  # default: `server.over_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
     ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None  # default: `server.flow_control.ttft_slo_ms`
+    hosted_tools: Literal["drop", "reject"] | None = None  # default: `server.hosted_tools`
+    strip_billing_header: bool | None = None  # default: `server.strip_billing_header`
 
 
 class TelemetryConfig(_Config):
@@ -222,6 +231,9 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "switchyard:response:"
     ttl_s: float | None = None  # stored responses older than this are gone; None: kept
+    # the key that seals reasoning items' `encrypted_content` (responses_api/reasoning_seal.py);
+    # made on first start, shared by the workers; replicas share the file to read each other's
+    reasoning_key_file: str = "~/.cache/switchyard/reasoning.key"
 
 
 class Config(_Config):
@@ -295,6 +307,8 @@ def check_store_config(config: StoreConfig, source: str) -> None:
         raise ConfigError(f"{source}: not a redis:// URL at `responses.redis_url`", param="responses.redis_url")
     if config.ttl_s is not None and config.ttl_s <= 0:
         raise ConfigError(f"{source}: must be above 0 at `responses.ttl_s`", param="responses.ttl_s")
+    if not config.reasoning_key_file.strip():
+        raise ConfigError(f"{source}: empty path at `responses.reasoning_key_file`", param="responses.reasoning_key_file")
 
 
 def load_config(path: str | Path) -> Config:

@@ -22,7 +22,6 @@ CHAT_FIELDS = FieldTable(
         "verbosity": "OpenAI's reasoning models' knob; the engines here take no such setting",
         "service_tier": "OpenAI's processing tiers; every request here is served the same way",
         "web_search_options": "no engine here can search the web",
-        "prompt_cache_key": CACHE_HINT,
         "prompt_cache_retention": CACHE_HINT,
         "prompt_cache_options": CACHE_HINT,
         "safety_identifier": "an abuse-monitoring id for OpenAI; nothing here monitors",

@@ -256,6 +256,7 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         response_format=_builtins(req.response_format),
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
+        session=req.prompt_cache_key,
         extensions=extensions_used(req),
         max_tokens_asked=asked if asked != max_tokens else None,
     )

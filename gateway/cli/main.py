@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     # everything check-config checks, before uvicorn: a bad backend option or strategy then stops
     # start-up with the one-line message naming the file and key, not a lifespan traceback
     _validate(config)
+    _make_reasoning_key(config)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     drain_s = config.server.drain_timeout_s if args.drain_seconds is None else args.drain_seconds
@@ -48,6 +49,14 @@ def _validate(config: Config) -> None:
     resolve_backend_options(config, backend_types(pm))
     validate_routes(config, pm)
     check_telemetry(config)
+
+
+def _make_reasoning_key(config: Config) -> None:
+    """The Responses API's reasoning seal key, read (or made) before any worker starts: an
+    unusable file stops start-up naming `responses.reasoning_key_file`."""
+    from gateway.responses_api.reasoning_seal import load_seal
+
+    load_seal(config.responses.reasoning_key_file)
 
 
 def _check_config(args: argparse.Namespace) -> int:

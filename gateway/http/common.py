@@ -16,7 +16,9 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
 from gateway.errors import from_decode_error
+from gateway.http.billing_header import without_billing_lines
 from gateway.http.head_protocol import exchange_of
+from gateway.http.sessions import with_session
 from gateway.keys import TokenCost
 from gateway.keys.keyring import ClientKey
 from gateway.service.accounting import RequestAccounting, open_accounting
@@ -130,11 +132,14 @@ async def answer(request: Request, gateway: Gateway, spec: RequestSpec, open_str
 
 async def answer_client(client: ClientRequest, gateway: Gateway, spec: RequestSpec, open_stream: OpenAnswer,
                        collect: OpenAnswer) -> tuple[RequestSpec, Answer | None, dict[str, str]]:
-    """`answer`'s work: the spec as served (with its routing keys), what was served (None: the
-    client left) and the response's headers (a stream's included)."""
+    """`answer`'s work: the spec as served (with its routing keys and its agent session, without
+    Claude Code's billing line), what was served (None: the client left) and the response's
+    headers (a stream's included)."""
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
-    spec = gateway.with_routing_keys(spec, client.headers)
+    spec = with_session(gateway.with_routing_keys(spec, client.headers), client.headers)
+    if gateway.strips_billing_header(spec.model):
+        spec = without_billing_lines(spec)
     opened = open_stream if spec.stream else collect
     fitted = FittedMaxTokens() if gateway.limits_for(spec.model).clamps else None
     noting = FITTED_MAX_TOKENS.set(fitted)

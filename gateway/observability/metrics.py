@@ -134,6 +134,13 @@ class Metrics:
             ("api", "field"),
             registry=r,
         )
+        self.dropped_tools = Counter(
+            "switchyard_dropped_tools",
+            "Hosted tools (web_search, file_search...) left out of requests under `hosted_tools = \"drop\"`, by wire API "
+            "and tool type.",
+            ("api", "tool"),
+            registry=r,
+        )
         self.attempts = Counter(
             "switchyard_route_attempts",
             "Attempts to serve a request on a route's target, by outcome: ok (served), an upstream error kind "

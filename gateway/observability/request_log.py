@@ -17,7 +17,8 @@ A line (keys in this order; null when unknown):
 
 `replica` (the base URL of the replica that served, or was tried last) is there only for
 backends that serve from several replicas; `queued_ms` (the time the request waited in its
-backend's flow-control queue, `[server.flow_control]`) only for a request that waited.
+backend's flow-control queue, `[server.flow_control]`) only for a request that waited; `session`
+(the agent session the request belongs to, `RequestSpec.session`) only when there is one.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     prompt: Any = None  # messages or prompt, only with log_prompts
     replica: str | None = None  # the replica of a fleet backend that served (its events' `served_by`)
     queued_ms: int | None = None  # waited in a flow-control queue (None: went straight through)
+    session: str | None = None  # the agent session the request belongs to (`RequestSpec.session`)
 
 
 class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -72,6 +74,7 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
     arm: str
     backend: str
     replica: str | None = None  # left out of the line when None (a backend of one server)
+    session: str | None = None  # left out of the line when None
     model: str
     shadow: bool
     kind: str
@@ -107,6 +110,7 @@ def to_line(r: RequestRecord) -> LogLine:
         arm=r.arm,
         backend=r.backend,
         replica=r.replica,
+        session=r.session,
         model=r.model,
         shadow=r.shadow,
         kind=r.kind,

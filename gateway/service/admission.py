@@ -49,6 +49,8 @@ class RouteLimits:
     # what an output limit over the cap (or the context) gets: a 400, or lowered to fit
     over_max_tokens: Literal["reject", "clamp"] = "reject"
     max_model_len: int | None = None  # the route's context, once its backends told it (the smallest)
+    hosted_tools: str = "drop"  # Responses' hosted tools: "drop" or "reject" (`server.hosted_tools`)
+    strip_billing_header: bool = True  # Claude Code's billing line out of system prompts (`server.strip_billing_header`)
 
     @classmethod
     def of(cls, server: ServerConfig, route: RouteConfig | None = None) -> RouteLimits:
@@ -57,10 +59,14 @@ class RouteLimits:
         slo_ms = server.flow_control.ttft_slo_ms
         if route is None:
             return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens, ttft_slo_ms=slo_ms,
-                       over_max_tokens=server.over_max_tokens)
+                       over_max_tokens=server.over_max_tokens, hosted_tools=server.hosted_tools,
+                       strip_billing_header=server.strip_billing_header)
         return cls(route.max_tokens or server.max_tokens, route.request_timeout_s or server.request_timeout_s,
                    route.default_max_tokens or server.default_max_tokens, ttft_slo_ms=route.ttft_slo_ms or slo_ms,
-                   over_max_tokens=route.over_max_tokens or server.over_max_tokens)
+                   over_max_tokens=route.over_max_tokens or server.over_max_tokens,
+                   hosted_tools=route.hosted_tools or server.hosted_tools,
+                   strip_billing_header=server.strip_billing_header if route.strip_billing_header is None
+                   else route.strip_billing_header)
 
     @property
     def clamps(self) -> bool:

@@ -199,6 +199,11 @@ class Gateway:
                 plan = self.plans[route.name] = RoutePlan.build(route, limits=self.default_limits)
         return plan
 
+    def strips_billing_header(self, model: str) -> bool:
+        """Whether requests for `model` lose Claude Code's billing line (`strip_billing_header`:
+        the route's, else the server's)."""
+        return self.limits_for(model).strip_billing_header
+
     def limits_for(self, model: str) -> RouteLimits:
         plan = self.plans.get(model)
         if plan is None:
@@ -356,6 +361,7 @@ class Gateway:
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
                     replica=replica,
                     queued_ms=queued_ms,
+                    session=spec.session,
                 )
             )
         return outcome, timings

@@ -106,6 +106,18 @@ def test_fleet_routing_smoke(tmp_path: Path) -> None:
     assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
 
 
+def test_agent_sessions_smoke(tmp_path: Path) -> None:
+    from engines import install
+
+    if not install.llamacpp_installed():
+        pytest.skip("llama.cpp is not installed; run `python -m engines.install llamacpp`")
+    report = run_script("agent_sessions", tmp_path, "--arms", "switchyard")
+    (row,) = report["rows"]
+    assert row["arm"] == "switchyard" and row["errors"] == 0 and row["requests"] == 4, row
+    assert row["sessions_on_one_replica"] == "2/2" and row["cached_ratio_later"] > 0.5, row
+    assert row["gateway_cpu_s_per_1k"] is not None and row["ttft_later_p50_s"] is not None
+
+
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """bench/gpu_check.py on the CPU: kernels in Triton's interpreter, the tiny model's bfloat16
     tokens against float32, throughput with the compiled decode step on and off."""

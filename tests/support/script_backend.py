@@ -5,6 +5,8 @@ delays and cancel log) plus what a real engine also produces:
 - `THINK a b c ANSWER x y`: reasoning `a b c` (ReasoningDelta events), then the text `x y`;
 - `CALL <tool> <word>`: a call of `<tool>` with arguments `{"city": "<word>"}`, sent in two
   fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM);
+- `CALLJSON <tool> <json>`: a call of `<tool>` whose arguments are the rest of the message (the
+  words joined by single spaces), sent in two fragments, finishing as `CALL` does;
 - a word that is one of the request's stop strings ends the text, and `Finish` names it;
 - a `tool` message last: the answer is `result: <its content>`;
 - `embed()`: each input's vector is a fixed function of its text (or token ids), unit length,
@@ -68,11 +70,17 @@ class ScriptBackend(EchoBackend):
             cut = words.index("ANSWER") if "ANSWER" in words else len(words)
             events += [ReasoningDelta(text=w if i == 0 else " " + w) for i, w in enumerate(words[1:cut])]
             words = words[cut + 1:]
-        if words[:1] == ["CALL"] and len(words) >= 3:
+        if words[:1] in (["CALL"], ["CALLJSON"]) and len(words) >= 3:
             named = isinstance(spec.tool_choice, dict)
+            if words[0] == "CALL":
+                call_id, fragments = "call_" + words[2].lower(), ('{"city": ', msgspec.json.encode(words[2]).decode() + "}")
+            else:
+                arguments = " ".join(words[2:])
+                call_id = "call_" + hashlib.sha256(arguments.encode()).hexdigest()[:12]
+                fragments = (arguments[:len(arguments) // 2], arguments[len(arguments) // 2:])
             events += [
-                ToolCallDelta(tool_index=0, id="call_" + words[2].lower(), name=words[1], arguments='{"city": '),
-                ToolCallDelta(tool_index=0, arguments=msgspec.json.encode(words[2]).decode() + "}"),
+                ToolCallDelta(tool_index=0, id=call_id, name=words[1], arguments=fragments[0]),
+                ToolCallDelta(tool_index=0, arguments=fragments[1]),
                 Finish(reason="stop" if named else "tool_calls"),
             ]
             return events

@@ -50,7 +50,6 @@ TABLES = list(cli_fields.TABLES.values())
 # APIs whose tables issue #32 leaves to another change; each passes once that change lands, and
 # then this strict xfail fails until its line is removed
 PENDING = {
-    "openai.responses": "the Responses API's classification (issue #32, Responses)",
     "anthropic.messages": "the Messages API's classification (issue #32, Messages)",
     "anthropic.beta.messages": "the Messages API's classification (issue #32, Messages)",
     "anthropic.messages.count_tokens": "the Messages API's classification (issue #32, Messages)",
