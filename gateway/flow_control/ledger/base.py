@@ -8,11 +8,13 @@ asked. The queue (`FlowQueue`) wakes their waiters. Every step first serves wait
 while the backend (as this worker reads it now) has room, so a grant is never missed because a
 step of another kind came first.
 
-Room is two numbers: `capacity`, the slots any band may fill, and `top_capacity`, the slots the
-top band (band 0, after aging) may fill — `capacity` plus the backend's `priority_headroom`
-(None: no headroom, the same as `capacity`). A grant made while `capacity` or more run is *into
-headroom* (`Grant.into_headroom`): only the top band gets one, so a flood in a lower band never
-holds the slots an interactive request needs.
+Room is two numbers: `top_capacity`, the most that run — `capacity` plus the backend's
+`priority_headroom` (None: no headroom, the same as `capacity`) — and `capacity`, the most of
+them granted in a lower band (`fair_order`). The top band (band 0, after aging) may fill all of
+`top_capacity`; the lower bands keep their `capacity` whatever the top band runs, and never
+take the headroom, so a flood in a lower band never holds the slots an interactive request
+needs. A top-band grant made while `capacity` or more run is *into headroom*
+(`Grant.into_headroom`).
 
 `release` and `withdraw` are idempotent: whoever is unsure whether an entry was granted may
 call them, and a slot is freed once.
@@ -65,16 +67,16 @@ class Ledger(Protocol):
 
     async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None,
                      top_capacity: int | None = None) -> Arrival:
-        """Granted at once when nothing waits and fewer than `capacity` run, or — an entry of
-        the top band — when fewer than `top_capacity` run (the waiting served first); else
+        """Granted at once when it has room (`fair_order`) and — a lower band's entry — nothing
+        waits, or — a top-band entry — whatever waits below it (the waiting served first); else
         refused when `max_queue` entries wait, or when more than `max_ahead` tokens (None: no
         bound) would be served before it; else queued in fair order. Only a granted or queued
         entry moves its tenant's finish tag."""
         ...
 
     async def dispatch(self, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
-        """Serve waiting entries while fewer than `capacity` run — the top band's while fewer
-        than `top_capacity` run."""
+        """Serve waiting entries in order while the head has room: fewer than `top_capacity`
+        run, and — a lower band's — fewer than `capacity` of the lower bands."""
         ...
 
     async def release(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:

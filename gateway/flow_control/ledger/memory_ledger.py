@@ -43,6 +43,7 @@ class MemoryLedger:
         self.vclock = 0.0
         self.finish: dict[str, float] = {}  # tenant -> finish tag of its last admitted request
         self.running: set[str] = set()
+        self.running_top: set[str] = set()  # those of `running` granted in the top band
         self._waiting: dict[str, _Waiting] = {}
         self._by_tag: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
         self._by_entered: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
@@ -80,12 +81,12 @@ class MemoryLedger:
     def arrive_now(self, entry: Entry, room: Room, max_queue: int, max_ahead: int | None) -> Arrival:
         woken = self.dispatch_now(room) if self._waiting else ()
         start = start_tag(self.vclock, self.finish.get(entry.tenant))
-        if not self._waiting and len(self.running) < room()[0]:
-            return self._grant_at_once(entry, start, woken, False)
-        if entry.band == 0:  # none of its band waits while fewer than `top` run: the dispatch served them
+        # after the dispatch none of the top band waits while there is room for it: only a
+        # lower band's arrival waits its turn behind those waiting
+        if entry.band == 0 or not self._waiting:
             capacity, top = room()
-            if len(self.running) < top_slots(capacity, top):
-                return self._grant_at_once(entry, start, woken, len(self.running) >= capacity)
+            if self._fits(entry.band, capacity, top_slots(capacity, top)):
+                return self._grant_at_once(entry, start, woken, entry.band == 0 and len(self.running) >= capacity)
         if len(self._waiting) >= max_queue:
             return Arrival("queue_full", sum(self._band_cost), woken)
         ahead = self._ahead(entry, start)
@@ -97,6 +98,7 @@ class MemoryLedger:
 
     def release_now(self, entry_id: str, room: Room) -> tuple[Grant, ...]:
         self.running.discard(entry_id)
+        self.running_top.discard(entry_id)
         return self.dispatch_now(room)
 
     def withdraw_now(self, entry_id: str, room: Room) -> tuple[Grant, ...]:
@@ -104,6 +106,7 @@ class MemoryLedger:
         if waiting is not None:
             self._remove(entry_id, waiting)
         self.running.discard(entry_id)
+        self.running_top.discard(entry_id)
         return self.dispatch_now(room)
 
     def dispatch_now(self, room: Room) -> tuple[Grant, ...]:
@@ -115,23 +118,33 @@ class MemoryLedger:
         woken: list[Grant] = []
         while self._waiting:
             band = next(b for b, entries in enumerate(self._by_tag) if entries)
-            running = len(self.running)
-            if running >= (top if band == 0 else capacity):
-                break
+            if not self._fits(band, capacity, top):
+                break  # the head cannot go, so nothing behind it can
             tag, entry_id = self._by_tag[band][0]
             self._remove(entry_id, self._waiting[entry_id])
             if tag > self.vclock:
                 self.vclock = tag
-            self.running.add(entry_id)
-            woken.append(Grant(entry_id, running >= capacity))
+            woken.append(Grant(entry_id, band == 0 and len(self.running) >= capacity))
+            self._run(entry_id, band)
         return tuple(woken)
 
     # -- inside a step ----------------------------------------------------------------------------
 
+    def _fits(self, band: int, capacity: int, top: int) -> bool:
+        """`fair_order`'s room: fewer than `top` run, and for a lower band fewer than `capacity`
+        of the lower bands."""
+        running = len(self.running)
+        return running < top and (band == 0 or running - len(self.running_top) < capacity)
+
+    def _run(self, entry_id: str, band: int) -> None:
+        self.running.add(entry_id)
+        if band == 0:
+            self.running_top.add(entry_id)
+
     def _grant_at_once(self, entry: Entry, start: float, woken: tuple[Grant, ...], into_headroom: bool) -> Arrival:
         self._remember(entry, start)
         self.vclock = start
-        self.running.add(entry.id)
+        self._run(entry.id, entry.band)
         return Arrival("granted", 0, woken, into_headroom)
 
     def _age(self) -> None:

@@ -13,7 +13,8 @@ Keys, per backend B (one hash tag, so a Redis Cluster keeps them on one shard), 
 `band_cost` (hash: band -> tokens waiting); `expires` (sorted set: id -> when a waiting entry is
 dropped, in case its worker died); `granted` (sorted set: id -> when granted, until its worker
 collects it) and `granted_headroom` (the same, for those granted into the top band's headroom);
-`finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
+`running_top` (sorted set: the entries of `running` granted in the top band, with the same
+leases); `finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
 
 Grants travel by `granted`: a step that serves another worker's entry gives it a short lease
 (`claim_s`) and lists it there; that worker's next step (at the latest its poll, every
@@ -36,7 +37,7 @@ EXPIRY_MARGIN_S = 10.0  # a waiting entry outlives its queue timeout by this, th
 
 # ARGV: now (< 0: Redis's own), bands, aging_s (0: none), capacity, top capacity, lease_s,
 # claim_s, owner, then the script's own. KEYS: vclock, running, cost, band_cost, expires,
-# granted, granted_headroom, tag:0..K-1, entered:0..K-1, then the script's own.
+# granted, granted_headroom, running_top, tag:0..K-1, entered:0..K-1, then the script's own.
 _PRELUDE = """
 local now = tonumber(ARGV[1])
 if now < 0 then
@@ -47,10 +48,10 @@ local K, aging, capacity, top = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(A
 if top < capacity then top = capacity end
 local lease, claim, owner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local VCLOCK, RUNNING, COST, BAND_COST, EXPIRES, GRANTED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local GRANTED_HEADROOM = KEYS[7]
+local GRANTED_HEADROOM, RUNNING_TOP = KEYS[7], KEYS[8]
 local function fmt(x) return string.format('%.17g', x) end
-local function tag_key(b) return KEYS[8 + b] end
-local function entered_key(b) return KEYS[8 + K + b] end
+local function tag_key(b) return KEYS[9 + b] end
+local function entered_key(b) return KEYS[9 + K + b] end
 local function owner_of(id) return string.match(id, '^[^.]*%.(.*)$') end
 local function vclock() return tonumber(redis.call('GET', VCLOCK) or '0') end
 local function num_waiting()
@@ -74,6 +75,7 @@ local function remove_waiting(id, b)
 end
 local function expire()
   redis.call('ZREMRANGEBYSCORE', RUNNING, '-inf', fmt(now))
+  redis.call('ZREMRANGEBYSCORE', RUNNING_TOP, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', GRANTED, '-inf', fmt(now - claim))
   redis.call('ZREMRANGEBYSCORE', GRANTED_HEADROOM, '-inf', fmt(now - claim))
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', EXPIRES, '-inf', fmt(now))) do
@@ -98,33 +100,45 @@ local function age()
     end
   end
 end
+-- fair_order's room: fewer than `top` run, and for a lower band fewer than `capacity` of the lower bands
+local function fits(band)
+  local running = redis.call('ZCARD', RUNNING)
+  if running >= top then return false end
+  return band == 0 or running - redis.call('ZCARD', RUNNING_TOP) < capacity
+end
+local function into_headroom(band)
+  if band == 0 and redis.call('ZCARD', RUNNING) >= capacity then return 1 end
+  return 0
+end
+local function run(id, band, till)
+  redis.call('ZADD', RUNNING, fmt(till), id)
+  if band == 0 then redis.call('ZADD', RUNNING_TOP, fmt(till), id) end
+end
+local function stop(id)
+  redis.call('ZREM', RUNNING, id)
+  redis.call('ZREM', RUNNING_TOP, id)
+end
 local woken = {}  -- id, then 1 when granted into headroom else 0, for each grant
 local function dispatch()
   if num_waiting() == 0 then return end
   age()
-  local running = redis.call('ZCARD', RUNNING)
   while true do
     local head = nil
     for b = 0, K - 1 do
       local first = redis.call('ZRANGE', tag_key(b), 0, 0, 'WITHSCORES')
       if #first > 0 then head = {first[1], tonumber(first[2]), b}; break end
     end
-    if not head then break end
-    local limit = capacity
-    if head[3] == 0 then limit = top end
-    if running >= limit then break end
-    local id, tag = head[1], head[2]
-    local headroom = 0
-    if running >= capacity then headroom = 1 end
-    remove_waiting(id, head[3])
+    if not head or not fits(head[3]) then break end  -- the head cannot go, so nothing behind it can
+    local id, tag, band = head[1], head[2], head[3]
+    local headroom = into_headroom(band)
+    remove_waiting(id, band)
     if tag > vclock() then redis.call('SET', VCLOCK, fmt(tag)) end
-    running = running + 1
     if owner_of(id) == owner then
-      redis.call('ZADD', RUNNING, fmt(now + lease), id)
+      run(id, band, now + lease)
       woken[#woken + 1] = id
       woken[#woken + 1] = headroom
     else
-      redis.call('ZADD', RUNNING, fmt(now + claim), id)
+      run(id, band, now + claim)
       redis.call('ZADD', GRANTED, fmt(now), id)
       if headroom == 1 then redis.call('ZADD', GRANTED_HEADROOM, fmt(now), id) end
     end
@@ -142,6 +156,7 @@ local function collect()
       forget_grant(id)
       if redis.call('ZSCORE', RUNNING, id) then
         redis.call('ZADD', RUNNING, fmt(now + lease), id)
+        if redis.call('ZSCORE', RUNNING_TOP, id) then redis.call('ZADD', RUNNING_TOP, fmt(now + lease), id) end
         woken[#woken + 1] = id
         woken[#woken + 1] = headroom
       end
@@ -153,7 +168,7 @@ end
 # + KEYS: finish:<tenant>. ARGV[9..]: id, band, cost, weight, max_queue, max_ahead (< 0: none), expiry_s.
 # Returns {outcome, ahead, into headroom (1/0), woken...}.
 _ARRIVE = Script(_PRELUDE + """
-local FINISH = KEYS[8 + 2 * K]
+local FINISH = KEYS[9 + 2 * K]
 local id, band, cost, weight = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local max_queue, max_ahead, expiry = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 expire()
@@ -167,17 +182,14 @@ local function remember()
   redis.call('SET', FINISH, fmt(start + cost / weight), 'EX', %(tenant_idle)d)
 end
 local waiting = num_waiting()
-local running = redis.call('ZCARD', RUNNING)
-local function grant(headroom)
+-- after dispatch() none of the top band waits while there is room for it: only a lower band's
+-- arrival waits its turn behind those waiting
+if (band == 0 or waiting == 0) and fits(band) then
+  local headroom = into_headroom(band)
   remember()
   redis.call('SET', VCLOCK, fmt(start))
-  redis.call('ZADD', RUNNING, fmt(now + lease), id)
+  run(id, band, now + lease)
   return {'granted', 0, headroom, unpack(woken)}
-end
-if waiting == 0 and running < capacity then return grant(0) end
-if band == 0 and running < top then  -- after dispatch(): none of band 0 waits while running < top
-  if running >= capacity then return grant(1) end
-  return grant(0)
 end
 if waiting >= max_queue then
   local backlog = 0
@@ -211,7 +223,7 @@ return woken
 # ARGV[9]: id. Releasing an entry that is not running does nothing.
 _RELEASE = Script(_PRELUDE + """
 expire()
-redis.call('ZREM', RUNNING, ARGV[9])
+stop(ARGV[9])
 forget_grant(ARGV[9])
 dispatch()
 collect()
@@ -224,7 +236,7 @@ expire()
 local id = ARGV[9]
 local b = band_of(id)
 if b then remove_waiting(id, b) end
-redis.call('ZREM', RUNNING, id)
+stop(id)
 forget_grant(id)
 dispatch()
 collect()
@@ -258,7 +270,8 @@ class RedisLedger:
         self.clock = clock
         prefix = "switchyard:flow:{" + backend + "}:"
         self.prefix = prefix
-        self._keys = [prefix + name for name in ("vclock", "running", "cost", "band_cost", "expires", "granted", "granted_headroom")]
+        self._keys = [prefix + name for name in ("vclock", "running", "cost", "band_cost", "expires", "granted", "granted_headroom",
+                                                    "running_top")]
         self._keys += [f"{prefix}tag:{b}" for b in range(num_bands)] + [f"{prefix}entered:{b}" for b in range(num_bands)]
 
     def describe(self) -> str:

@@ -234,8 +234,19 @@ async def test_the_top_band_is_granted_into_headroom_while_a_flood_waits(make_le
     second = script.entry("B", band=0)
     assert (await ledger.arrive(second, max_queue=100, max_ahead=None, **HEADROOM)).outcome == "queued"  # the headroom is full
     assert await ledger.release(flood[0].id, **HEADROOM) == (Grant(second.id, into_headroom=True),)  # band 0 first
-    assert await ledger.release(flood[1].id, **HEADROOM) == ()  # the two of band 0 run: the capacity is theirs
-    assert await ledger.release(urgent.id, **HEADROOM) == (Grant(flood[2].id, into_headroom=False),)
+    assert await ledger.release(flood[1].id, **HEADROOM) == (Grant(flood[2].id, into_headroom=False),)  # 3 run: 2 + 1
+    assert await ledger.release(urgent.id, **HEADROOM) == (Grant(flood[3].id, into_headroom=False),)  # the flood's 2 again
+
+
+async def test_the_lower_bands_keep_their_capacity_while_the_top_band_runs(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
+    script = Script(ledger)
+    flood = [script.entry("A", band=1) for _ in range(3)]
+    for entry in flood:
+        await ledger.arrive(entry, max_queue=100, max_ahead=None, **HEADROOM)
+    urgent = await ledger.arrive(script.entry("B", band=0), max_queue=100, max_ahead=None, **HEADROOM)
+    assert (urgent.outcome, urgent.into_headroom) == ("granted", True)
+    assert await ledger.release(flood[0].id, **HEADROOM) == (Grant(flood[2].id, into_headroom=False),)  # its 2nd slot, at once
 
 
 async def test_lower_bands_never_fill_the_headroom(make_ledger: MakeLedger) -> None:
@@ -250,12 +261,12 @@ async def test_lower_bands_never_fill_the_headroom(make_ledger: MakeLedger) -> N
 async def test_a_request_aged_into_the_top_band_may_take_the_headroom(make_ledger: MakeLedger, clock: FakeClock) -> None:
     ledger = make_ledger(aging_s=10.0)
     script = Script(ledger)
-    await saturate(script)
-    waiting = script.entry("C", band=1)
-    await ledger.arrive(waiting, max_queue=100, max_ahead=None, capacity=1, top_capacity=2)
+    for tenant in ("A", "C"):  # A's takes the one slot of the lower bands; C's waits for it
+        await ledger.arrive(script.entry(tenant, band=1), max_queue=100, max_ahead=None, capacity=1, top_capacity=2)
+    (waiting,) = [entry for entry, tenant in script.tenant_of.items() if tenant == "C"]
     assert await ledger.dispatch(1, 2) == ()
     clock.advance(10.0)  # one period: band 0
-    assert await ledger.dispatch(1, 2) == (Grant(waiting.id, into_headroom=True),)
+    assert await ledger.dispatch(1, 2) == (Grant(waiting, into_headroom=True),)
 
 
 async def test_without_headroom_the_top_band_waits_its_turn(make_ledger: MakeLedger) -> None:
