@@ -20,7 +20,8 @@ the top band may fill (its engine started with them: llama-server `-np`, vLLM
 `max_num_seqs`): `fleet_headroom` counts them over the routable replicas — fewer on a replica
 whose engine reports fewer slots than `replica_concurrency` plus the headroom (llama.cpp
 `/slots`) — and the top band has room while some replica's load is below its concurrency plus
-its headroom, its engine reporting no queue.
+its headroom, its engine reporting no queue (with a headroom, `FlowQueue` reads this room for
+the lower bands too: the ledger keeps them to the ordinary slots).
 
 `backend.max_concurrent` bounds the whole backend when set. With several worker processes that
 share no ledger (`[server] state` unset), each worker takes its share of the slots.

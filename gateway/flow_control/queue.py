@@ -15,9 +15,9 @@ more (some replica below its concurrency and not reporting a queue of its own). 
 grants while fewer than `capacity()` run — counting the grants not yet placed on a replica, and
 with a shared ledger every worker's — and `has_room()` holds. A backend with
 `priority_headroom` supplies a third, `Headroom`: the top band's extra slots and whether some
-replica has room within them; the top band (after aging) is also granted while fewer than
-`capacity()` plus those run (`ticket.into_headroom`), and the lower bands keep `capacity()` of
-their own whatever the top band runs (`ledger.fair_order`).
+replica has room within them, which then stands for `has_room()`; the top band (after aging) is
+also granted while fewer than `capacity()` plus those run (`ticket.into_headroom`), and the
+lower bands keep `capacity()` of their own whatever the top band runs (`ledger.fair_order`).
 
 A request that finds room and nobody waiting is granted in one ledger step: in this process, a
 few dictionary operations. Otherwise it waits in fair order until a slot frees
@@ -317,15 +317,20 @@ class FlowQueue:
     # -- inside --------------------------------------------------------------------------------------
 
     def _open_slots(self) -> tuple[int, int]:
-        """What the ledger grants against: (the capacity every band may fill — none while the
-        engines take no more —, the top band's — the capacity and its headroom, none while no
-        replica has room within its headroom)."""
+        """What the ledger grants against: (the lower bands' capacity, the top band's — the
+        capacity and its headroom), none while the engines take no more. With a headroom the
+        engines take more while some replica has room within its concurrency plus its headroom,
+        for every band: the ledger keeps the lower bands to `capacity` and the headroom free of
+        them, and a replica that runs a top-band request among its ordinary slots still has the
+        lower bands' slot in its headroom."""
         capacity = self.capacity()
-        ordinary = 0 if self.has_room is not None and not self.has_room() else capacity
         headroom = self.headroom
         if headroom is None:
+            ordinary = 0 if self.has_room is not None and not self.has_room() else capacity
             return ordinary, ordinary
-        return ordinary, capacity + headroom.slots() if headroom.has_room() else 0
+        if not headroom.has_room():
+            return 0, 0
+        return capacity, capacity + headroom.slots()
 
     def _ordinary_slots(self) -> tuple[int, int]:
         """As `_open_slots`, with no headroom for anyone."""

@@ -1,7 +1,8 @@
 """The top band's headroom through a real `FlowQueue` (in process and on a real Redis): a band-0
 request is granted at once while a flood fills every ordinary slot and waits behind it; the
-flood alone never runs past the backend's capacity; the headroom opens only while some replica
-has room within it; a shadow copy never takes it; each grant into it is counted."""
+flood alone never runs past the backend's capacity, yet keeps it while the top band runs; the
+headroom opens only while some replica has room within it; a shadow copy never takes it; each
+grant into it is counted."""
 
 from __future__ import annotations
 
@@ -102,13 +103,35 @@ async def test_the_flood_alone_never_runs_past_the_capacity(queue: FlowQueue) ->
         (await task).release()
 
 
+async def test_a_flood_request_ending_beside_a_top_band_one_hands_its_slot_to_the_flood() -> None:
+    """One replica of concurrency 2 and headroom 1 whose load is what the queue granted: once
+    the top band runs, the engine's ordinary reading (load below 2) says full, yet the flood's
+    second slot is the flood's — the replica's headroom holds it."""
+    ledger = MemoryLedger(num_bands=3, aging_s=None)
+    load = lambda: len(ledger.running)  # noqa: E731
+    queue = FlowQueue("b", ledger, Backend(slots=2).capacity, has_room=lambda: load() < 2,
+                      headroom=Headroom(lambda: 1, lambda: load() < 3), limits=NO_POLL)
+    try:
+        holding, backlog = await flood(queue, 3)
+        urgent = await queue.admit(Ask("quiet", URGENT, 100))
+        assert (urgent.into_headroom, load()) == (True, 3)
+        holding[0].release()
+        await until(lambda: backlog[0].done(), "the flood's next request granted")
+        assert (load(), backlog[0].result().into_headroom) == (3, False)
+        for each in (holding[1], urgent, backlog[0].result()):
+            each.release()
+    finally:
+        await queue.close()
+
+
 async def test_a_waiting_top_band_request_takes_the_headroom_once_a_replica_has_room() -> None:
-    spare = Spare(room=False)  # every replica at its concurrency plus its headroom
+    spare = Spare()
     registry = CollectorRegistry()
     queue = FlowQueue("b", MemoryLedger(num_bands=3, aging_s=None), Backend(slots=1).capacity, headroom=spare.headroom(),
                       limits=NO_POLL, observer=FlowMetrics(registry, tenants_bounded=True))
     try:
         holding = await queue.admit(Ask("flood", FLOOD, 100))
+        spare.room = False  # every replica at its concurrency plus its headroom
         urgent = asyncio.get_running_loop().create_task(queue.admit(Ask("quiet", URGENT, 100)))
         await until(lambda: queue.num_waiting == 1)
         spare.room = True
