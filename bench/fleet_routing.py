@@ -202,7 +202,8 @@ async def run_trace(arm: Arm, systems: list[str], trace: list[Conversation], *, 
 # ------------------------------------------------------------------------------------ the servers
 
 
-def start_replicas(log_dir: Path, cache_ram: int) -> list[Server]:
+def start_replicas(log_dir: Path, cache_ram: int, parallel: int = 2) -> list[Server]:
+    """`REPLICAS` llama-servers of `parallel` slots, 2048 tokens of context each."""
     from engines import install
 
     binary = install.llama_server_path()
@@ -210,8 +211,8 @@ def start_replicas(log_dir: Path, cache_ram: int) -> list[Server]:
     servers = []
     for i in range(REPLICAS):
         port = free_port()
-        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "2",
-                "-t", "1", "-a", f"replica{i}", "--metrics", "--slots", "--cache-ram", str(cache_ram)]
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(2048 * parallel),
+                "-np", str(parallel), "-t", "1", "-a", f"replica{i}", "--metrics", "--slots", "--cache-ram", str(cache_ram)]
         servers.append(spawn(f"replica{i}", argv, port=port, log_dir=log_dir))
     for server in servers:
         wait_ready(server, timeout=60)

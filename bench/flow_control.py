@@ -7,30 +7,38 @@ through each arm.
     .venv/bin/python bench/flow_control.py --short       # a 40 s trace of smaller requests: ~12 min
     .venv/bin/python bench/flow_control.py --arms flow plain --duration 30
 
-Capacity first: the plain arm under a closed loop of `slots x replicas` streams for
-`--capacity-s` seconds gives the fleet's requests per second. Then an open-loop trace (Poisson
-arrivals, fixed seed) of `--duration` seconds:
+Every arm's replicas are three `llama-server`s of `slots + headroom` slots each (`-np 3` by
+default), so that every arm has the same engines. Capacity first: the plain arm under a closed
+loop of `slots x replicas` streams for `--capacity-s` seconds gives the fleet's requests per
+second. Then an open-loop trace (Poisson arrivals, fixed seed) of `--duration` seconds:
 
-- tenant A (`key-a`): floods at 5x capacity, priority 0;
-- tenant B (`key-b`): interactive, 10% of capacity, priority 0, route `ttft_slo_ms` applies;
-- tenant C (`key-c`): batch, 30% of capacity, priority 10 (a lower band).
+- tenant A (`key-a`): floods at 5x capacity, priority 0 (band 1);
+- tenant B (`key-b`): interactive, 10% of capacity, priority -1 (band 0, the top band), its
+  route's `ttft_slo_ms` applies;
+- tenant C (`key-c`): batch, 30% of capacity, priority 10 (band 2), on a route without an SLO.
 
 Every request: the same ~640-token prompt (`--short`: ~130) with a per-request nonce (no prefix-cache windfall),
-`max_tokens` 32 (`--short`: 16), streamed. Keys have equal `weight`, so A's weighted share is a third.
+`max_tokens` 32 (`--short`: 16), streamed. Keys have equal `weight`, so two tenants contending
+are owed half each, three a third.
 
-Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots, the keys' `priority`
-C's, the server's `ttft_slo_ms` 4 s), `plain` (Switchyard,
-flow control off, `prefix_cache` placement), `sglang_cache_aware` (sglang-router), `engine_priority`
-(the engines' own priority alone: llama-server has none, so this arm needs vLLM replicas and is
-skipped here), and `b_alone` (only tenant B's requests through `plain`: B's own baseline).
+Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots, `priority_headroom` =
+headroom, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's route), `flow_no_headroom`
+(the same without the headroom: the top band waits for a slot like the others), `plain`
+(Switchyard, flow control off, `prefix_cache` placement), `sglang_cache_aware` (sglang-router),
+`engine_priority` (the engines' own priority alone: llama-server has none, so this arm needs
+vLLM replicas and is skipped here), and `b_alone` (only tenant B's requests through `plain`:
+B's own baseline).
 
 Per arm and tenant: sent, served, refused (429 with Retry-After), lost (anything else: an error,
-a timeout, a stream without tokens), TTFT p50/p99; per arm: output tokens/s and A's share of the
-tokens served while B or C had a request waiting (sent, no first token yet).
+a timeout, a stream without tokens), TTFT p50/p99; per arm: output tokens/s. Per flow arm, from
+its request log and /metrics: A's share of the grants made while B or C waited in the gateway
+queue in A's band or above, against what its weight owed it then (`bench/flow_control_share.py`;
+also over every band, which a lower band by design does not get), and the grants into the
+headroom by tenant.
 
 Targets: B's p99 TTFT under `flow` <= 1.5x its p99 in `b_alone`; `flow`'s output tokens/s >=
-95% of `plain`'s; A's share while B or C waits <= its weighted share (1/3, with slack for the
-requests already running when the others arrived); 0 requests lost in `flow`.
+95% of `plain`'s; A's in-band share of the grants while B or C waited <= what it was owed; 0
+requests lost in `flow`.
 """
 
 from __future__ import annotations
@@ -47,12 +55,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, Server, free_port, pct, print_header, spawn, wait_ready, write_result  # noqa: E402
+from bench.flow_control_share import a_share, read_log, requests_of  # noqa: E402
 
 MODEL = "smol"  # the interactive route (A and B), `ttft_slo_ms` in the flow arm
 BATCH_MODEL = "smol-batch"  # C's route: the same fleet, no SLO (a batch job waits rather than be refused)
-SLOTS = 2  # llama-server -np per replica
-TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, 0), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
-ARMS = ("flow", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
+SLOTS = 2  # replica_concurrency: the slots of each replica every band may fill
+HEADROOM = 1  # priority_headroom: the top band's more (`--headroom`); every arm's engines run -np SLOTS + HEADROOM
+TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, -1), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
+BAND_EDGES = (0, 1)  # priority < 0: band 0; 0: band 1; >= 1: band 2
+AGING_S = 30.0
+ARMS = ("flow", "flow_no_headroom", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
+FLOW_ARMS = ("flow", "flow_no_headroom")
 PROMPT_WORDS = 150  # ~640 tokens (`--short`: 30, ~130)
 MAX_TOKENS = 32  # (`--short`: 16)
 TTFT_SLO_MS = 4000
@@ -145,46 +158,34 @@ async def fire(url: str, trace: list[Shot], *, send_priority: bool, batch_route:
         return outcomes, time.perf_counter() - t0
 
 
-def a_share_while_others_wait(outcomes: list[Outcome]) -> float | None:
-    """A's share of the tokens whose request got its first token while a B or C request was
-    waiting for its own (sent, no first token yet)."""
-    waits = [(o.sent_s, o.sent_s + (o.ttft_s or 0.0)) for o in outcomes if o.tenant != "A" and o.ttft_s is not None]
-    tokens = {"A": 0, "other": 0}
-    for o in outcomes:
-        if o.ttft_s is None:
-            continue
-        first = o.sent_s + o.ttft_s
-        if any(start < first < end for start, end in waits):
-            tokens["A" if o.tenant == "A" else "other"] += o.completion_tokens
-    total = tokens["A"] + tokens["other"]
-    return None if total == 0 else tokens["A"] / total
+def band_of(priority: int) -> int:
+    return sum(priority >= edge for edge in BAND_EDGES)
 
 
-def a_share_of_grants(request_log: Path, others: str = "BC") -> float | None:
-    """From the gateway's request log (request ids `<tenant>-<nonce>`): A's share of the tokens of
-    the requests granted a slot (start + `queued_ms`) while a request of `others` waited in the
-    gateway's queue — what the fair order decides, without the engines' own prefill in it."""
-    deadline = time.monotonic() + 10
-    lines: list[dict] = []
-    while time.monotonic() < deadline:
-        lines = [json.loads(line) for line in request_log.read_text().splitlines()] if request_log.exists() else []
-        if lines and all(line.get("outcome") for line in lines):
-            break
-        time.sleep(0.5)
-    served = [(line["request_id"][0], line["ts"], line["ts"] + (line.get("queued_ms") or 0) / 1000, line.get("completion_tokens") or 0)
-              for line in lines if line.get("outcome") == "ok"]
-    waits = [(start, grant) for tenant, start, grant, _ in served if tenant in others and grant > start]
-    tokens = {"A": 0, "other": 0}
-    for tenant, _, grant, n in served:
-        if any(start < grant < end for start, end in waits):
-            tokens["A" if tenant == "A" else "other"] += n
-    total = tokens["A"] + tokens["other"]
-    return None if total == 0 else tokens["A"] / total
+def share_figures(request_log: Path) -> dict:
+    """A's share of the grants while B or C waited (in A's band or above, and over every band),
+    with what its weight owed it then (`bench/flow_control_share.py`)."""
+    requests = requests_of(read_log(request_log))
+    bands = {tenant: band_of(priority) for tenant, (_, _, priority) in TENANTS.items()}
+    weights = {tenant: 1.0 for tenant in TENANTS}
+    return {"in_band": a_share(requests, bands=bands, weights=weights, aging_s=AGING_S).as_dict(),
+            "every_band": a_share(requests, bands=bands, weights=weights, aging_s=AGING_S, literal=True).as_dict()}
+
+
+def headroom_grants(base: str) -> dict[str, float]:
+    """`switchyard_flow_headroom_grants_total` by tenant, off the gateway's /metrics."""
+    import httpx
+
+    grants: dict[str, float] = {}
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("switchyard_flow_headroom_grants_total{"):
+            tenant = line.split('tenant="', 1)[1].split('"', 1)[0]
+            grants[tenant] = grants.get(tenant, 0.0) + float(line.rsplit(" ", 1)[1])
+    return grants
 
 
 def summarize(arm: str, outcomes: list[Outcome], wall_s: float) -> dict:
-    row: dict = {"arm": arm, "output_tokens_per_s": sum(o.completion_tokens for o in outcomes) / wall_s,
-                 "a_share_while_others_wait": a_share_while_others_wait(outcomes), "tenants": {}}
+    row: dict = {"arm": arm, "output_tokens_per_s": sum(o.completion_tokens for o in outcomes) / wall_s, "tenants": {}}
     for tenant in TENANTS:
         mine = [o for o in outcomes if o.tenant == tenant]
         ttfts = [o.ttft_s for o in mine if o.ttft_s is not None]
@@ -201,34 +202,36 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
     flow, plain, alone = rows.get("flow"), rows.get("plain"), rows.get("b_alone")
     b_flow = flow and flow["tenants"]["B"]["ttft_p99_s"]
     b_alone = alone and alone["tenants"]["B"]["ttft_p99_s"]
-    share = flow and flow.get("a_share_of_grants_while_others_queued")
+    share = (flow or {}).get("share", {}).get("in_band", {})
     return {
         "b_p99_ttft_within_1.5x_alone": None if not (b_flow and b_alone) else b_flow <= 1.5 * b_alone,
         "throughput_at_least_95pct_of_plain": None if not (flow and plain) else
         flow["output_tokens_per_s"] >= 0.95 * plain["output_tokens_per_s"],
-        "a_within_weighted_share": None if share is None else share <= 1 / 3 + 0.05,
+        "a_within_weighted_share": None if share.get("a_share") is None else share["a_share"] <= share["a_owed"],
         "zero_lost": None if not flow else sum(t["lost"] for t in flow["tenants"].values()) == 0,
     }
 
 
-def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool) -> str:
+def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0) -> str:
     keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\npriority = {priority}\n' if flow else
                    f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, priority in TENANTS.values())
-    flow_tables = "\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = [0, 1]\naging_s = 30.0\n" if flow else ""
+    flow_tables = (f"\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = {list(BAND_EDGES)}\n"
+                   f"aging_s = {AGING_S}\n") if flow else ""
     routes = "".join(f'\n[[routes]]\nname = "{name}"\n{slo}[[routes.targets]]\nbackend = "fleet"\nmodel = "{MODEL}"\n'
                      for name, slo in ((MODEL, f"ttft_slo_ms = {TTFT_SLO_MS}\n" if flow else ""), (BATCH_MODEL, "")))
-    backend_flow = f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\n" if flow else ""
+    backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\npriority_headroom = {headroom}\n" if flow else "")
     return (f'[server]\nrequest_log = "{log_dir / "requests.jsonl"}"\nlog_level = "warning"\n{keys}{flow_tables}\n'
             f'[plugins]\ndisable = ["builtin"]\n\n[[backends]]\nname = "fleet"\ntype = "llamacpp"\n{backend_flow}'
             f'[backends.options]\nendpoints = {json.dumps([r.base for r in replicas])}\nmodels = {{ "{MODEL}" = "{MODEL}" }}\n'
             f'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n{routes}')
 
 
-def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool) -> Server | None:
+def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0) -> Server | None:
     """None when the configuration is refused."""
     port = free_port()
     config = log_dir / f"switchyard-{'flow' if flow else 'plain'}.toml"
-    config.write_text(switchyard_config(replicas, log_dir, flow=flow))
+    (log_dir / "requests.jsonl").unlink(missing_ok=True)  # this run's requests only
+    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     server = spawn(f"switchyard-{'flow' if flow else 'plain'}", argv, port=port, log_dir=log_dir)
     try:
@@ -268,23 +271,24 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
 
     log_dir = args.results_dir / "flow_control_logs" / arm
     log_dir.mkdir(parents=True, exist_ok=True)
-    replicas = start_replicas(log_dir, cache_ram=128)
+    replicas = start_replicas(log_dir, cache_ram=128, parallel=SLOTS + args.headroom)
     router: Server | None = None
+    flow = arm in FLOW_ARMS
     try:
-        if arm in ("flow", "plain", "b_alone"):
-            router = start_switchyard(replicas, log_dir, flow=arm == "flow")
+        if arm in (*FLOW_ARMS, "plain", "b_alone"):
+            router = start_switchyard(replicas, log_dir, flow=flow, headroom=args.headroom if arm == "flow" else 0)
             if router is None:
                 print(f"  {arm}: Switchyard refused its configuration: skipped", flush=True)
                 return None
         elif arm == "sglang_cache_aware":
             router = start_peer("sglang_cache_aware", replicas, log_dir)
         trace = make_trace(args.seed, capacity_rps, args.duration, ("B",) if arm == "b_alone" else tuple(TENANTS))
-        outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=arm == "flow",  # type: ignore[union-attr]
-                                          batch_route=arm in ("flow", "plain", "b_alone")))
+        outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=flow,  # type: ignore[union-attr]
+                                          batch_route=arm in (*FLOW_ARMS, "plain", "b_alone")))
         row = summarize(arm, outcomes, wall)
-        if arm == "flow":
-            row["a_share_of_grants_while_others_queued"] = a_share_of_grants(log_dir / "requests.jsonl")
-            row["a_share_of_grants_while_b_queued"] = a_share_of_grants(log_dir / "requests.jsonl", "B")
+        if flow:
+            row["share"] = share_figures(log_dir / "requests.jsonl")
+            row["headroom_grants"] = headroom_grants(router.base)  # type: ignore[union-attr]
         return row
     finally:
         if router is not None:
@@ -300,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-s", type=float, default=20.0)
     parser.add_argument("--capacity-rps", type=float, help="skip the capacity measurement: the fleet's requests per second")
     parser.add_argument("--seed", type=int, default=34)
+    parser.add_argument("--headroom", type=int, default=HEADROOM,
+                        help="the `flow` arm's priority_headroom; every arm's engines run -np slots + this")
     parser.add_argument("--plan", action="store_true", help="print the trace and the arms; start nothing")
     parser.add_argument("--short", action="store_true", help="a 40 s trace of ~130-token prompts and 16-token answers")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
@@ -315,14 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arms: {', '.join(args.arms)}  (engine_priority needs vLLM replicas: skipped with llama.cpp)")
         return 0
     print_header("flow control: three tenants on a full fleet", {"duration_s": str(args.duration), "seed": str(args.seed),
-                                                                 "prompt_words": str(PROMPT_WORDS), "max_tokens": str(MAX_TOKENS)})
+                                                                 "prompt_words": str(PROMPT_WORDS), "max_tokens": str(MAX_TOKENS),
+                                                                 "slots": str(SLOTS), "headroom": str(args.headroom)})
     capacity = args.capacity_rps
     if capacity is None:
         from bench.fleet_routing import start_replicas
 
         log_dir = args.results_dir / "flow_control_logs" / "capacity"
         log_dir.mkdir(parents=True, exist_ok=True)
-        replicas = start_replicas(log_dir, cache_ram=128)
+        replicas = start_replicas(log_dir, cache_ram=128, parallel=SLOTS + args.headroom)
         router = start_switchyard(replicas, log_dir, flow=False)
         try:
             assert router is not None

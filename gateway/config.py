@@ -84,6 +84,10 @@ class BackendFlowConfig(_Config):
     # requests each replica runs at once; None: the backend's `max_concurrent`, else the
     # engines' own reports (a replica reporting a queue of its own is full)
     replica_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    # slots each replica keeps beyond `replica_concurrency` that only the top band (band 0, after
+    # aging) may be granted; its engines must run that many more (llama-server -np, vLLM
+    # max_num_seqs). 0: none
+    priority_headroom: Annotated[int, Meta(ge=0)] = 0
     max_queue: Annotated[int, Meta(ge=0)] | None = None
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
 
@@ -293,6 +297,7 @@ def parse_config(text: str, source: str) -> Config:
     check_store_config(config.responses, source)
     _check_keys(config, source)
     _check_flow_control(config.server.flow_control, source)
+    _check_backend_flow(config, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
     return msgspec.structs.replace(config, server=server, source=source)
@@ -388,6 +393,22 @@ def _check_flow_control(flow: FlowControlConfig, source: str) -> None:
         raise ConfigError(f"{source}: `band_edges` must ascend strictly, got {list(edges)} at `{where}`", param=where)
     if len(edges) > 15:
         raise ConfigError(f"{source}: at most 15 `band_edges` (16 bands), got {len(edges)} at `{where}`", param=where)
+
+
+def _check_backend_flow(config: Config, source: str) -> None:
+    """A `priority_headroom` adds to `replica_concurrency` (so it needs one), and is for the top
+    band only (so it needs more than one band)."""
+    for i, backend in enumerate(config.backends):
+        table = backend.flow_control
+        if table is None or not table.priority_headroom:
+            continue
+        where = f"backends[{i}].flow_control.priority_headroom"
+        if table.replica_concurrency is None:
+            raise ConfigError(f"{source}: `priority_headroom` is slots beyond `replica_concurrency`, which is not set, "
+                              f"at `{where}`", param=where)
+        if not config.server.flow_control.band_edges:
+            raise ConfigError(f"{source}: `priority_headroom` is for the top band, and `server.flow_control.band_edges` "
+                              f"makes one band of every request, at `{where}`", param=where)
 
 
 def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:

@@ -1,7 +1,8 @@
 """Flow control of one gateway process, built at start-up (`build_flow_control`): the policy,
 one queue per backend — its ledger in this process, or in Redis when `[server] state` is set
 (one RESP client shared by every backend's ledger) — its readings of the backend
-(`capacity.backend_readings`), and the metrics. None when `[server.flow_control]` is off."""
+(`capacity.backend_readings`, and `capacity.backend_headroom` with `priority_headroom`), and
+the metrics. None when `[server.flow_control]` is off."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from gateway.config import BackendFlowConfig, Config, FlowControlConfig
 from gateway.flow_control.bands import Bands
-from gateway.flow_control.capacity import backend_readings
+from gateway.flow_control.capacity import backend_headroom, backend_readings
 from gateway.flow_control.ledger import Ledger, MemoryLedger
 from gateway.flow_control.metrics import WORKER_MODES, DepthCollector, FlowMetrics
 from gateway.flow_control.policy import FlowPolicy
@@ -92,9 +93,11 @@ def build_flow_control(config: Config, backends: Mapping[str, Any], metrics: Met
         table = cfg.flow_control or NO_BACKEND_TABLE
         capacity, has_room = backend_readings(backend, max_concurrent=cfg.max_concurrent,
                                               replica_concurrency=table.replica_concurrency, workers=workers)
+        headroom = backend_headroom(backend, max_concurrent=cfg.max_concurrent, replica_concurrency=table.replica_concurrency,
+                                    headroom=table.priority_headroom, workers=workers)
         limits = queue_limits(flow, table)
         ledger = build_ledger(cfg.name, flow, limits, client=client, owner=owner, lease_s=lease_s)
-        queues[cfg.name] = FlowQueue(cfg.name, ledger, capacity, has_room=has_room, limits=limits,
+        queues[cfg.name] = FlowQueue(cfg.name, ledger, capacity, has_room=has_room, headroom=headroom, limits=limits,
                                      rate=ServiceRate(flow.rate_smoothing), observer=observer or flow_metrics,
                                      on_state_error=server.on_state_error)
     metrics.show_live(DepthCollector(queues, flow_metrics), WORKER_MODES)

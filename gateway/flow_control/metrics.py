@@ -4,6 +4,8 @@
   several workers their depths add up: mode `livesum`);
 - `switchyard_flow_queue_wait_seconds` (histogram of the wait of each request that queued);
 - `switchyard_flow_admissions_total{path=immediate|queued}`;
+- `switchyard_flow_headroom_grants_total` (admissions into the top band's `priority_headroom`,
+  by the band each request asked for: one that aged into the top band shows its own);
 - `switchyard_flow_sheds_total{reason}` (`stats` lists the reasons).
 
 `tenant` is the tenant only when tenants are client keys (few, named in the configuration);
@@ -35,6 +37,9 @@ class FlowMetrics:
                                labels, buckets=LATENCY_BUCKETS, registry=registry)
         self.admissions = Counter("switchyard_flow_admissions", "Requests given a slot: at once (immediate) or after waiting (queued).",
                                   (*labels, "path"), registry=registry)
+        self.headroom_grants = Counter("switchyard_flow_headroom_grants",
+                                       "Requests given one of the top band's own slots (priority_headroom), by the band they asked for.",
+                                       labels, registry=registry)
         self.sheds = Counter("switchyard_flow_sheds", "Requests that left a backend's queue without a slot, by reason.",
                              (*labels, "reason"), registry=registry)
         self._admitted: dict[tuple[str, str, int, str], Any] = {}  # label children, resolved once
@@ -42,14 +47,16 @@ class FlowMetrics:
     def tenant_label(self, tenant: str) -> str:
         return tenant if self.tenants_bounded else UNBOUNDED_TENANT
 
-    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None) -> None:
+    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None, into_headroom: bool = False) -> None:
         key = (backend, self.tenant_label(tenant), band, "immediate" if queued_s is None else "queued")
         child = self._admitted.get(key)  # keyed by the labels: bounded however many tenants come
         if child is None:
             child = self._admitted[key] = self.admissions.labels(key[0], key[1], str(band), key[3])
         child.inc()
         if queued_s is not None:
-            observe(self.waits.labels(backend, self.tenant_label(tenant), str(band)), queued_s)
+            observe(self.waits.labels(backend, key[1], str(band)), queued_s)
+        if into_headroom:
+            self.headroom_grants.labels(backend, key[1], str(band)).inc()
 
     def shed(self, backend: str, tenant: str, band: int, reason: str) -> None:
         self.sheds.labels(backend, self.tenant_label(tenant), str(band), reason).inc()

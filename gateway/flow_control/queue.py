@@ -13,7 +13,11 @@ The backend supplies two readings, taken at each step: `capacity()`, how many re
 run at once (its routable replicas' slots), and `has_room()`, whether its engines still take
 more (some replica below its concurrency and not reporting a queue of its own). The ledger
 grants while fewer than `capacity()` run — counting the grants not yet placed on a replica, and
-with a shared ledger every worker's — and `has_room()` holds.
+with a shared ledger every worker's — and `has_room()` holds. A backend with
+`priority_headroom` supplies a third, `Headroom`: the top band's extra slots and whether some
+replica has room within them, which then stands for `has_room()`; the top band (after aging) is
+also granted while fewer than `capacity()` plus those run (`ticket.into_headroom`), and the
+lower bands keep `capacity()` of their own whatever the top band runs (`ledger.fair_order`).
 
 A request that finds room and nobody waiting is granted in one ledger step: in this process, a
 few dictionary operations. Otherwise it waits in fair order until a slot frees
@@ -43,7 +47,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from gateway.errors import RETRY_AFTER_S, QueueShed, StateUnavailable
-from gateway.flow_control.ledger import Arrival, Entry, Ledger, LedgerError, MemoryLedger, entry_id
+from gateway.flow_control.ledger import Arrival, Entry, Grant, Ledger, LedgerError, MemoryLedger, entry_id
 from gateway.flow_control.service_rate import ServiceRate, WaitPredictor
 from gateway.flow_control.stats import FlowCounters, FlowObserver
 
@@ -72,6 +76,14 @@ class Ask(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
+class Headroom:
+    """The top band's own slots, beyond the backend's capacity (`gateway.flow_control.capacity`)."""
+
+    slots: Callable[[], int]  # how many: `priority_headroom` per routable replica
+    has_room: Callable[[], bool]  # some replica below its concurrency plus its headroom
+
+
+@dataclass(frozen=True, slots=True)
 class QueueLimits:
     max_queue: int = 1024
     queue_timeout_s: float = 60.0
@@ -81,14 +93,16 @@ class QueueLimits:
 class Ticket:
     """A granted slot, held until `release()`."""
 
-    __slots__ = ("queue", "entry", "granted_at", "queued_s", "tracked", "released")
+    __slots__ = ("queue", "entry", "granted_at", "queued_s", "tracked", "into_headroom", "released")
 
-    def __init__(self, queue: FlowQueue, entry: Entry, granted_at: float, queued_s: float | None, tracked: bool = True) -> None:
+    def __init__(self, queue: FlowQueue, entry: Entry, granted_at: float, queued_s: float | None, tracked: bool = True,
+                 into_headroom: bool = False) -> None:
         self.queue = queue
         self.entry = entry
         self.granted_at = granted_at  # loop time
         self.queued_s = queued_s  # None: went straight through
         self.tracked = tracked  # False: admitted uncounted while the ledger was unreachable
+        self.into_headroom = into_headroom  # granted in the top band's headroom
         self.released = False
 
     @property
@@ -105,12 +119,13 @@ class Ticket:
 
 class FlowQueue:
     def __init__(self, backend: str, ledger: Ledger, capacity: Callable[[], int], *, has_room: Callable[[], bool] | None = None,
-                 limits: QueueLimits = QueueLimits(), rate: ServiceRate | None = None, observer: FlowObserver | None = None,
-                 on_state_error: Literal["allow", "deny"] = "allow") -> None:
+                 headroom: Headroom | None = None, limits: QueueLimits = QueueLimits(), rate: ServiceRate | None = None,
+                 observer: FlowObserver | None = None, on_state_error: Literal["allow", "deny"] = "allow") -> None:
         self.backend = backend
         self.ledger = ledger
         self.capacity = capacity
         self.has_room = has_room
+        self.headroom = headroom
         self.limits = limits
         self.rate = rate or ServiceRate()
         self.predictor = WaitPredictor(self.rate)
@@ -119,7 +134,7 @@ class FlowQueue:
         self._local = ledger if isinstance(ledger, MemoryLedger) else None  # its steps run inline
         self.depth: Counter[tuple[str, int]] = Counter()  # this worker's waiting requests by (tenant, band)
         self._ids = itertools.count()
-        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._waiters: dict[str, asyncio.Future[bool]] = {}  # its result: granted into headroom
         self._tasks: set[asyncio.Task[None]] = set()  # releases, withdrawals, pokes: steps nobody awaits
         self._poller: asyncio.Task[None] | None = None
         self._down_until = 0.0
@@ -133,22 +148,23 @@ class FlowQueue:
         loop = asyncio.get_running_loop()
         entry = Entry(entry_id(next(self._ids), self.ledger.owner), ask.tenant, ask.band, ask.cost, ask.weight)
         max_ahead = None if ask.slo_s is None else self.predictor.max_ahead(ask.slo_s, self.capacity())
-        waiter: asyncio.Future[None] | None = None
+        waiter: asyncio.Future[bool] | None = None
         if self._local is not None:
             arrival = self._local.arrive_now(entry, self._open_slots, self.limits.max_queue, max_ahead)
         else:
             if loop.time() < self._down_until:
                 return self._unaccounted(entry, ask, None)
             waiter = self._waiters[entry.id] = loop.create_future()  # before the step: a grant may come back first
+            capacity, top = self._open_slots()
             try:
-                arrival = await self.ledger.arrive(entry, capacity=self._open_slots(), max_queue=self.limits.max_queue,
-                                                   max_ahead=max_ahead)
+                arrival = await self.ledger.arrive(entry, capacity=capacity, max_queue=self.limits.max_queue, max_ahead=max_ahead,
+                                                   top_capacity=top)
             except LedgerError as exc:
                 del self._waiters[entry.id]
                 return self._unaccounted(entry, ask, exc)
             except BaseException:
                 del self._waiters[entry.id]
-                self._spawn(self.ledger.withdraw(entry.id, self._open_slots()))  # cancelled mid-step: it may have counted
+                self._withdraw_later(entry.id)  # cancelled mid-step: it may have counted
                 raise
         if arrival.woken:
             self._wake(arrival.woken)
@@ -159,26 +175,28 @@ class FlowQueue:
         if waiter is not None:
             del self._waiters[entry.id]
         if arrival.outcome == "granted":
-            self.observer.admitted(self.backend, ask.tenant, ask.band, None)
-            return Ticket(self, entry, loop.time(), None)
+            self.observer.admitted(self.backend, ask.tenant, ask.band, None, arrival.into_headroom)
+            return Ticket(self, entry, loop.time(), None, into_headroom=arrival.into_headroom)
         raise self._shed(ask, arrival, self.capacity())
 
     async def try_admit(self, ask: Ask) -> Ticket | None:
         """A slot at once, or None: the backend is full, someone waits, or a shared ledger is
-        unreachable. Never waits and counts no shed (a shadow copy is skipped, not refused)."""
+        unreachable. Never waits, never takes the top band's headroom, and counts no shed (a
+        shadow copy is skipped, not refused)."""
         loop = asyncio.get_running_loop()
         entry = Entry(entry_id(next(self._ids), self.ledger.owner), ask.tenant, ask.band, ask.cost, ask.weight)
         if self._local is not None:
-            arrival = self._local.arrive_now(entry, self._open_slots, 0, None)
+            arrival = self._local.arrive_now(entry, self._ordinary_slots, 0, None)
         else:
             if loop.time() < self._down_until:
                 return None
+            capacity, _ = self._ordinary_slots()
             try:
-                arrival = await self.ledger.arrive(entry, capacity=self._open_slots(), max_queue=0, max_ahead=None)
+                arrival = await self.ledger.arrive(entry, capacity=capacity, max_queue=0, max_ahead=None)
             except LedgerError:
                 return None
             except BaseException:
-                self._spawn(self.ledger.withdraw(entry.id, self._open_slots()))
+                self._withdraw_later(entry.id)
                 raise
         if arrival.woken:
             self._wake(arrival.woken)
@@ -192,7 +210,7 @@ class FlowQueue:
         finally:
             ticket.release()
 
-    async def _wait(self, entry: Entry, ask: Ask, waiter: asyncio.Future[None], deadline: Deadline | None) -> Ticket:
+    async def _wait(self, entry: Entry, ask: Ask, waiter: asyncio.Future[bool], deadline: Deadline | None) -> Ticket:
         loop = asyncio.get_running_loop()
         started = loop.time()
         until = started + self.limits.queue_timeout_s
@@ -202,7 +220,7 @@ class FlowQueue:
         self._may_poll()
         try:
             async with asyncio.timeout_at(deadline.at if by_deadline else until):  # type: ignore[union-attr]
-                await waiter
+                into_headroom = await waiter
         except BaseException as exc:
             await self._leave(entry)
             if isinstance(exc, TimeoutError):
@@ -222,8 +240,8 @@ class FlowQueue:
             if not self.depth[key]:
                 del self.depth[key]
         queued_s = loop.time() - started
-        self.observer.admitted(self.backend, ask.tenant, ask.band, queued_s)
-        return Ticket(self, entry, loop.time(), queued_s)
+        self.observer.admitted(self.backend, ask.tenant, ask.band, queued_s, into_headroom)
+        return Ticket(self, entry, loop.time(), queued_s, into_headroom=into_headroom)
 
     async def _leave(self, entry: Entry) -> None:
         """Take a waiter that is going away out of the ledger: `withdraw` takes it out of the
@@ -232,7 +250,7 @@ class FlowQueue:
         if self._local is not None:
             self._wake(self._local.withdraw_now(entry.id, self._open_slots))
             return
-        await asyncio.shield(self._spawn(self.ledger.withdraw(entry.id, self._open_slots())))
+        await asyncio.shield(self._withdraw_later(entry.id))
 
     def _shed(self, ask: Ask, arrival: Arrival, capacity: int) -> QueueShed:
         retry_after = self.predictor.retry_after_s(arrival.ahead, capacity)
@@ -267,7 +285,8 @@ class FlowQueue:
             if woken:
                 self._wake(woken)
         else:
-            self._spawn(self.ledger.release(ticket.entry.id, self._open_slots()))
+            capacity, top = self._open_slots()
+            self._spawn(self.ledger.release(ticket.entry.id, capacity, top))
 
     def poke(self) -> None:
         """Capacity may have grown (a replica joined, an engine reported less load): serve the
@@ -275,7 +294,7 @@ class FlowQueue:
         if self._local is not None:
             self._wake(self._local.dispatch_now(self._open_slots))
         elif self._waiters:
-            self._spawn(self.ledger.dispatch(self._open_slots()))
+            self._spawn(self.ledger.dispatch(*self._open_slots()))
 
     def fail_waiters(self, error: BaseException) -> None:
         """End every waiter with `error` (the server is draining)."""
@@ -297,19 +316,37 @@ class FlowQueue:
 
     # -- inside --------------------------------------------------------------------------------------
 
-    def _open_slots(self) -> int:
-        """The capacity the ledger grants against: none while the engines take no more."""
-        if self.has_room is not None and not self.has_room():
-            return 0
-        return self.capacity()
+    def _open_slots(self) -> tuple[int, int]:
+        """What the ledger grants against: (the lower bands' capacity, the top band's — the
+        capacity and its headroom), none while the engines take no more. With a headroom the
+        engines take more while some replica has room within its concurrency plus its headroom,
+        for every band: the ledger keeps the lower bands to `capacity` and the headroom free of
+        them, and a replica that runs a top-band request among its ordinary slots still has the
+        lower bands' slot in its headroom."""
+        capacity = self.capacity()
+        headroom = self.headroom
+        if headroom is None:
+            ordinary = 0 if self.has_room is not None and not self.has_room() else capacity
+            return ordinary, ordinary
+        if not headroom.has_room():
+            return 0, 0
+        return capacity, capacity + headroom.slots()
 
-    def _spawn(self, step: Awaitable[tuple[str, ...]]) -> asyncio.Task[None]:
+    def _ordinary_slots(self) -> tuple[int, int]:
+        """As `_open_slots`, with no headroom for anyone."""
+        ordinary = 0 if self.has_room is not None and not self.has_room() else self.capacity()
+        return ordinary, ordinary
+
+    def _withdraw_later(self, entry_id: str) -> asyncio.Task[None]:
+        return self._spawn(self.ledger.withdraw(entry_id, *self._open_slots()))
+
+    def _spawn(self, step: Awaitable[tuple[Grant, ...]]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._apply(step))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _apply(self, step: Awaitable[tuple[str, ...]]) -> None:
+    async def _apply(self, step: Awaitable[tuple[Grant, ...]]) -> None:
         try:
             woken = await step
         except LedgerError as exc:
@@ -318,13 +355,13 @@ class FlowQueue:
             return
         self._wake(woken)
 
-    def _wake(self, woken: tuple[str, ...]) -> None:
+    def _wake(self, woken: tuple[Grant, ...]) -> None:
         """Hand granted slots to their waiters. A waiter already gone is in its clean-up step,
         which withdraws — and so releases — the entry: nothing to do here."""
         for granted in woken:
-            waiter = self._waiters.get(granted)
+            waiter = self._waiters.get(granted.id)
             if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(granted.into_headroom)
 
     def _may_poll(self) -> None:
         if self._poller is None or self._poller.done():
@@ -338,7 +375,7 @@ class FlowQueue:
             if self._local is not None:
                 self._wake(self._local.dispatch_now(self._open_slots))
             elif self._waiters:
-                await self._apply(self.ledger.dispatch(self._open_slots()))
+                await self._apply(self.ledger.dispatch(*self._open_slots()))
 
 
 def new_owner() -> str:

@@ -16,8 +16,10 @@ from typing import Protocol
 
 
 class FlowObserver(Protocol):
-    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None) -> None:
-        """A request got its slot: at once (`queued_s` None) or after waiting."""
+    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None, into_headroom: bool = False) -> None:
+        """A request got its slot: at once (`queued_s` None) or after waiting; `into_headroom`:
+        one of the top band's own slots (`priority_headroom`). `band`: the one it asked for (a
+        request that aged into the top band shows its own)."""
 
     def shed(self, backend: str, tenant: str, band: int, reason: str) -> None: ...
 
@@ -27,9 +29,12 @@ class FlowCounters:
         self.admissions: Counter[tuple[str, str]] = Counter()  # (tenant, "immediate" | "queued")
         self.sheds: Counter[tuple[str, str]] = Counter()  # (tenant, reason)
         self.waited_s: Counter[tuple[str, int]] = Counter()  # (tenant, band): seconds waited by queued admissions
+        self.into_headroom: Counter[tuple[str, int]] = Counter()  # (tenant, band): grants into the top band's headroom
 
-    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None) -> None:
+    def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None, into_headroom: bool = False) -> None:
         self.admissions[tenant, "immediate" if queued_s is None else "queued"] += 1
+        if into_headroom:
+            self.into_headroom[tenant, band] += 1
         if queued_s is not None:
             self.waited_s[tenant, band] += queued_s
 

@@ -7,8 +7,9 @@ engine's own endpoints.
   `vllm:cache_config_info` (`kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`).
 - `llamacpp_metrics`: llama-server's `/metrics` (`--metrics`) — `llamacpp:requests_processing`,
   `llamacpp:requests_deferred`, prompt tokens processed and reused from its cache.
-- `llamacpp_slots`: llama-server's `/slots` (`--slots`) — slots processing out of all slots
-  (no queue length: requests waiting for a slot are not listed there).
+- `llamacpp_slots`: llama-server's `/slots` (`--slots`) — slots processing out of all slots,
+  and how many slots there are (no queue length: requests waiting for a slot are not listed
+  there).
 
 Samples of a metric are summed over their labels (several engines or models behind one
 server). A scrape is searched for the few metrics it needs (`str.find`, C speed), never split
@@ -34,6 +35,7 @@ class LoadSnapshot:
     prefix_queried_tokens: float | None = None  # counters since the engine started
     prefix_hit_tokens: float | None = None
     cache_tokens: int | None = None  # the engine's KV cache capacity, in tokens
+    slots: int | None = None  # requests the engine runs at once, where it says (llama.cpp `/slots`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,7 @@ def parse_llamacpp_slots(text: str, at: float) -> LoadSnapshot:
     busy = sum(1 for s in slots if s.get("is_processing"))
     n_ctx = sum(s["n_ctx"] for s in slots if isinstance(s.get("n_ctx"), int))
     return LoadSnapshot(running=float(busy), waiting=0.0, at=at, kv_cache_usage=busy / len(slots) if slots else None,
-                        cache_tokens=n_ctx or None)
+                        cache_tokens=n_ctx or None, slots=len(slots))
 
 
 LOAD_SOURCES: dict[str, LoadSource] = {

@@ -2,11 +2,19 @@
 released), the requests waiting in fair order, the virtual clock and the tenants' finish tags.
 In this process (`MemoryLedger`) or in Redis (`RedisLedger`), shared by every worker.
 
-Each call is one atomic step and answers with `woken`: the entries of this worker (`owner`)
-granted a slot by that step — also those another worker's step granted since this worker last
+Each call is one atomic step and answers with `woken`: the grants to entries of this worker
+(`owner`) made by that step — also those another worker's step made since this worker last
 asked. The queue (`FlowQueue`) wakes their waiters. Every step first serves waiting entries
-while `capacity` (the backend's, as this worker reads it now) has room, so a grant is never
-missed because a step of another kind came first.
+while the backend (as this worker reads it now) has room, so a grant is never missed because a
+step of another kind came first.
+
+Room is two numbers: `top_capacity`, the most that run — `capacity` plus the backend's
+`priority_headroom` (None: no headroom, the same as `capacity`) — and `capacity`, the most of
+them granted in a lower band (`fair_order`). The top band (band 0, after aging) may fill all of
+`top_capacity`; the lower bands keep their `capacity` whatever the top band runs, and never
+take the headroom, so a flood in a lower band never holds the slots an interactive request
+needs. A top-band grant made while `capacity` or more run is *into headroom*
+(`Grant.into_headroom`).
 
 `release` and `withdraw` are idempotent: whoever is unsure whether an entry was granted may
 call them, and a slot is freed once.
@@ -14,7 +22,7 @@ call them, and a slot is freed once.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import msgspec
 
@@ -35,31 +43,47 @@ class Entry(msgspec.Struct, frozen=True):
     weight: float
 
 
+class Grant(NamedTuple):
+    """A slot given to a waiting entry."""
+
+    id: str
+    into_headroom: bool  # granted while `capacity` or more ran: in the top band's headroom
+
+
 class Arrival(msgspec.Struct, frozen=True):
     outcome: Outcome
     ahead: int  # tokens waiting ahead of it (queued, slo); every waiting token (queue_full); 0 (granted)
-    woken: tuple[str, ...]
+    woken: tuple[Grant, ...]
+    into_headroom: bool = False  # granted (at once) into the top band's headroom
+
+
+def top_slots(capacity: int, top_capacity: int) -> int:
+    """What the top band may fill: never less than every band may."""
+    return capacity if top_capacity < capacity else top_capacity
 
 
 class Ledger(Protocol):
     owner: str  # this worker's part of every entry id
 
-    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None) -> Arrival:
-        """Granted at once when nothing waits and fewer than `capacity` run; else refused when
-        `max_queue` entries wait, or when more than `max_ahead` tokens (None: no bound) would be
-        served before it; else queued in fair order. Only a granted or queued entry moves its
-        tenant's finish tag."""
+    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None,
+                     top_capacity: int | None = None) -> Arrival:
+        """Granted at once when it has room (`fair_order`) and — a lower band's entry — nothing
+        waits, or — a top-band entry — whatever waits below it (the waiting served first); else
+        refused when `max_queue` entries wait, or when more than `max_ahead` tokens (None: no
+        bound) would be served before it; else queued in fair order. Only a granted or queued
+        entry moves its tenant's finish tag."""
         ...
 
-    async def dispatch(self, capacity: int) -> tuple[str, ...]:
-        """Serve waiting entries while fewer than `capacity` run."""
+    async def dispatch(self, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        """Serve waiting entries in order while the head has room: fewer than `top_capacity`
+        run, and — a lower band's — fewer than `capacity` of the lower bands."""
         ...
 
-    async def release(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+    async def release(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
         """A granted entry is over: its slot goes to the next in order."""
         ...
 
-    async def withdraw(self, entry_id: str, capacity: int) -> tuple[str, ...]:
+    async def withdraw(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
         """An entry's request is gone: out of the queue if it waits, released if it was granted."""
         ...
 

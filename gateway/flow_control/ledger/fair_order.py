@@ -17,6 +17,15 @@ Aging: a request that has waited `aging_s` in its band moves to the band above (
 tag), and so on each `aging_s`, up to band 0: a low band waits at most `aging_s` per band it
 is below the top, whatever arrives above it.
 
+Room, with the top band's headroom: the backend runs at most `top_capacity` requests
+(`capacity` plus its `priority_headroom`; no headroom: `capacity`), and of them at most
+`capacity` granted in a lower band. A top-band entry (band 0, sent there or aged into it) goes
+while fewer than `top_capacity` run — a top-band arrival at once, whatever waits below it — and
+a lower-band entry while the lower bands hold fewer than `capacity` and fewer than
+`top_capacity` run. So the lower bands keep their `capacity` whatever the top band runs, and
+the top band always finds the headroom free of them. A top-band grant made while `capacity` or
+more run is *into headroom*.
+
 Ids are fixed-width, `<12 hex digits>.<owner>`, so ties in `S` break the same way in Python
 (tuple order) and in Redis (members of equal score sort by bytes).
 """

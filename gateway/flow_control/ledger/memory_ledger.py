@@ -5,9 +5,9 @@ Each band keeps its entries twice, sorted: by `(tag, id)` to serve the head, and
 (`max_queue`), so a sorted list's insertion, a C-speed move, beats a tree here. Nothing awaits
 inside a step: each is atomic on the event loop, and a grant with room and nothing waiting is a
 few dictionary operations. The steps are plain methods (`*_now`), which `FlowQueue` calls
-inline — no coroutine, no task — beside the `Ledger` protocol's async ones; they take the
-capacity as a callable, read only when the step needs it (a release with nobody waiting does
-not).
+inline — no coroutine, no task — beside the `Ledger` protocol's async ones; they take the room
+(capacity, top capacity) as a callable, read only when the step needs it (a release with nobody
+waiting does not).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.flow_control.ledger.base import Arrival, Entry
+from gateway.flow_control.ledger.base import Arrival, Entry, Grant, top_slots
 from gateway.flow_control.ledger.fair_order import finish_tag, start_tag
+
+Room = Callable[[], tuple[int, int]]  # (capacity, top_capacity): read when a step needs it
 
 PRUNE_TENANTS_AT = 4096  # past this many remembered tenants, forget those whose tags V has passed
 
@@ -41,6 +43,7 @@ class MemoryLedger:
         self.vclock = 0.0
         self.finish: dict[str, float] = {}  # tenant -> finish tag of its last admitted request
         self.running: set[str] = set()
+        self.running_top: set[str] = set()  # those of `running` granted in the top band
         self._waiting: dict[str, _Waiting] = {}
         self._by_tag: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
         self._by_entered: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
@@ -62,26 +65,28 @@ class MemoryLedger:
 
     # -- the steps ------------------------------------------------------------------------------
 
-    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None) -> Arrival:
-        return self.arrive_now(entry, lambda: capacity, max_queue, max_ahead)
+    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None,
+                     top_capacity: int | None = None) -> Arrival:
+        return self.arrive_now(entry, _room(capacity, top_capacity), max_queue, max_ahead)
 
-    async def dispatch(self, capacity: int) -> tuple[str, ...]:
-        return self.dispatch_now(lambda: capacity)
+    async def dispatch(self, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        return self.dispatch_now(_room(capacity, top_capacity))
 
-    async def release(self, entry_id: str, capacity: int) -> tuple[str, ...]:
-        return self.release_now(entry_id, lambda: capacity)
+    async def release(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        return self.release_now(entry_id, _room(capacity, top_capacity))
 
-    async def withdraw(self, entry_id: str, capacity: int) -> tuple[str, ...]:
-        return self.withdraw_now(entry_id, lambda: capacity)
+    async def withdraw(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        return self.withdraw_now(entry_id, _room(capacity, top_capacity))
 
-    def arrive_now(self, entry: Entry, slots: Callable[[], int], max_queue: int, max_ahead: int | None) -> Arrival:
-        woken = self.dispatch_now(slots) if self._waiting else ()
+    def arrive_now(self, entry: Entry, room: Room, max_queue: int, max_ahead: int | None) -> Arrival:
+        woken = self.dispatch_now(room) if self._waiting else ()
         start = start_tag(self.vclock, self.finish.get(entry.tenant))
-        if not self._waiting and len(self.running) < slots():
-            self._remember(entry, start)
-            self.vclock = start
-            self.running.add(entry.id)
-            return Arrival("granted", 0, woken)
+        # after the dispatch none of the top band waits while there is room for it: only a
+        # lower band's arrival waits its turn behind those waiting
+        if entry.band == 0 or not self._waiting:
+            capacity, top = room()
+            if self._fits(entry.band, capacity, top_slots(capacity, top)):
+                return self._grant_at_once(entry, start, woken, entry.band == 0 and len(self.running) >= capacity)
         if len(self._waiting) >= max_queue:
             return Arrival("queue_full", sum(self._band_cost), woken)
         ahead = self._ahead(entry, start)
@@ -91,34 +96,56 @@ class MemoryLedger:
         self._insert(entry.id, _Waiting(start, self.clock(), entry.band, entry.cost))
         return Arrival("queued", ahead, woken)
 
-    def release_now(self, entry_id: str, slots: Callable[[], int]) -> tuple[str, ...]:
+    def release_now(self, entry_id: str, room: Room) -> tuple[Grant, ...]:
         self.running.discard(entry_id)
-        return self.dispatch_now(slots)
+        self.running_top.discard(entry_id)
+        return self.dispatch_now(room)
 
-    def withdraw_now(self, entry_id: str, slots: Callable[[], int]) -> tuple[str, ...]:
+    def withdraw_now(self, entry_id: str, room: Room) -> tuple[Grant, ...]:
         waiting = self._waiting.get(entry_id)
         if waiting is not None:
             self._remove(entry_id, waiting)
         self.running.discard(entry_id)
-        return self.dispatch_now(slots)
+        self.running_top.discard(entry_id)
+        return self.dispatch_now(room)
 
-    def dispatch_now(self, slots: Callable[[], int]) -> tuple[str, ...]:
+    def dispatch_now(self, room: Room) -> tuple[Grant, ...]:
         if not self._waiting:
             return ()
         self._age()
-        capacity = slots()
-        woken: list[str] = []
-        while len(self.running) < capacity and self._waiting:
+        capacity, top = room()
+        top = top_slots(capacity, top)
+        woken: list[Grant] = []
+        while self._waiting:
             band = next(b for b, entries in enumerate(self._by_tag) if entries)
+            if not self._fits(band, capacity, top):
+                break  # the head cannot go, so nothing behind it can
             tag, entry_id = self._by_tag[band][0]
             self._remove(entry_id, self._waiting[entry_id])
             if tag > self.vclock:
                 self.vclock = tag
-            self.running.add(entry_id)
-            woken.append(entry_id)
+            woken.append(Grant(entry_id, band == 0 and len(self.running) >= capacity))
+            self._run(entry_id, band)
         return tuple(woken)
 
     # -- inside a step ----------------------------------------------------------------------------
+
+    def _fits(self, band: int, capacity: int, top: int) -> bool:
+        """`fair_order`'s room: fewer than `top` run, and for a lower band fewer than `capacity`
+        of the lower bands."""
+        running = len(self.running)
+        return running < top and (band == 0 or running - len(self.running_top) < capacity)
+
+    def _run(self, entry_id: str, band: int) -> None:
+        self.running.add(entry_id)
+        if band == 0:
+            self.running_top.add(entry_id)
+
+    def _grant_at_once(self, entry: Entry, start: float, woken: tuple[Grant, ...], into_headroom: bool) -> Arrival:
+        self._remember(entry, start)
+        self.vclock = start
+        self._run(entry.id, entry.band)
+        return Arrival("granted", 0, woken, into_headroom)
 
     def _age(self) -> None:
         """Move each entry that has waited `aging_s` in its band one band up, highest band
@@ -163,3 +190,8 @@ class MemoryLedger:
             entries = index[waiting.band]
             del entries[bisect_left(entries, (key, entry_id))]
         self._band_cost[waiting.band] -= waiting.cost
+
+
+def _room(capacity: int, top_capacity: int | None) -> Room:
+    room = (capacity, capacity if top_capacity is None else top_capacity)
+    return lambda: room

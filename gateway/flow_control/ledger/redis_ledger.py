@@ -12,7 +12,9 @@ Keys, per backend B (one hash tag, so a Redis Cluster keeps them on one shard), 
 (sorted sets: id -> start tag, id -> when it came into the band); `cost` (hash: id -> tokens);
 `band_cost` (hash: band -> tokens waiting); `expires` (sorted set: id -> when a waiting entry is
 dropped, in case its worker died); `granted` (sorted set: id -> when granted, until its worker
-collects it); `finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
+collects it) and `granted_headroom` (the same, for those granted into the top band's headroom);
+`running_top` (sorted set: the entries of `running` granted in the top band, with the same
+leases); `finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
 
 Grants travel by `granted`: a step that serves another worker's entry gives it a short lease
 (`claim_s`) and lists it there; that worker's next step (at the latest its poll, every
@@ -26,28 +28,30 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.flow_control.ledger.base import Arrival, Entry, LedgerError
+from gateway.flow_control.ledger.base import Arrival, Entry, Grant, LedgerError
 from gateway.keys.resp import RedisReplyError, RedisUnavailable, RespClient, Script
 
 TENANT_IDLE_S = 3600  # a tenant's finish tag is forgotten after this long without a request
 CLAIM_S = 5.0  # how long a grant to another worker's entry holds its slot before it is collected
 EXPIRY_MARGIN_S = 10.0  # a waiting entry outlives its queue timeout by this, then it is dropped
 
-# ARGV: now (< 0: Redis's own), bands, aging_s (0: none), capacity, lease_s, claim_s, owner,
-# then the script's own. KEYS: vclock, running, cost, band_cost, expires, granted, tag:0..K-1,
-# entered:0..K-1, then the script's own.
+# ARGV: now (< 0: Redis's own), bands, aging_s (0: none), capacity, top capacity, lease_s,
+# claim_s, owner, then the script's own. KEYS: vclock, running, cost, band_cost, expires,
+# granted, granted_headroom, running_top, tag:0..K-1, entered:0..K-1, then the script's own.
 _PRELUDE = """
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
-local K, aging, capacity = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lease, claim, owner = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local K, aging, capacity, top = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if top < capacity then top = capacity end
+local lease, claim, owner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local VCLOCK, RUNNING, COST, BAND_COST, EXPIRES, GRANTED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local GRANTED_HEADROOM, RUNNING_TOP = KEYS[7], KEYS[8]
 local function fmt(x) return string.format('%.17g', x) end
-local function tag_key(b) return KEYS[7 + b] end
-local function entered_key(b) return KEYS[7 + K + b] end
+local function tag_key(b) return KEYS[9 + b] end
+local function entered_key(b) return KEYS[9 + K + b] end
 local function owner_of(id) return string.match(id, '^[^.]*%.(.*)$') end
 local function vclock() return tonumber(redis.call('GET', VCLOCK) or '0') end
 local function num_waiting()
@@ -71,7 +75,9 @@ local function remove_waiting(id, b)
 end
 local function expire()
   redis.call('ZREMRANGEBYSCORE', RUNNING, '-inf', fmt(now))
+  redis.call('ZREMRANGEBYSCORE', RUNNING_TOP, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', GRANTED, '-inf', fmt(now - claim))
+  redis.call('ZREMRANGEBYSCORE', GRANTED_HEADROOM, '-inf', fmt(now - claim))
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', EXPIRES, '-inf', fmt(now))) do
     local b = band_of(id)
     if b then remove_waiting(id, b) else redis.call('ZREM', EXPIRES, id) end
@@ -94,50 +100,77 @@ local function age()
     end
   end
 end
-local woken = {}
+-- fair_order's room: fewer than `top` run, and for a lower band fewer than `capacity` of the lower bands
+local function fits(band)
+  local running = redis.call('ZCARD', RUNNING)
+  if running >= top then return false end
+  return band == 0 or running - redis.call('ZCARD', RUNNING_TOP) < capacity
+end
+local function into_headroom(band)
+  if band == 0 and redis.call('ZCARD', RUNNING) >= capacity then return 1 end
+  return 0
+end
+local function run(id, band, till)
+  redis.call('ZADD', RUNNING, fmt(till), id)
+  if band == 0 then redis.call('ZADD', RUNNING_TOP, fmt(till), id) end
+end
+local function stop(id)
+  redis.call('ZREM', RUNNING, id)
+  redis.call('ZREM', RUNNING_TOP, id)
+end
+local woken = {}  -- id, then 1 when granted into headroom else 0, for each grant
 local function dispatch()
   if num_waiting() == 0 then return end
   age()
-  local running = redis.call('ZCARD', RUNNING)
-  while running < capacity do
+  while true do
     local head = nil
     for b = 0, K - 1 do
       local first = redis.call('ZRANGE', tag_key(b), 0, 0, 'WITHSCORES')
       if #first > 0 then head = {first[1], tonumber(first[2]), b}; break end
     end
-    if not head then break end
-    local id, tag = head[1], head[2]
-    remove_waiting(id, head[3])
+    if not head or not fits(head[3]) then break end  -- the head cannot go, so nothing behind it can
+    local id, tag, band = head[1], head[2], head[3]
+    local headroom = into_headroom(band)
+    remove_waiting(id, band)
     if tag > vclock() then redis.call('SET', VCLOCK, fmt(tag)) end
-    running = running + 1
     if owner_of(id) == owner then
-      redis.call('ZADD', RUNNING, fmt(now + lease), id)
+      run(id, band, now + lease)
       woken[#woken + 1] = id
+      woken[#woken + 1] = headroom
     else
-      redis.call('ZADD', RUNNING, fmt(now + claim), id)
+      run(id, band, now + claim)
       redis.call('ZADD', GRANTED, fmt(now), id)
+      if headroom == 1 then redis.call('ZADD', GRANTED_HEADROOM, fmt(now), id) end
     end
   end
+end
+local function forget_grant(id)
+  redis.call('ZREM', GRANTED, id)
+  redis.call('ZREM', GRANTED_HEADROOM, id)
 end
 local function collect()
   for _, id in ipairs(redis.call('ZRANGE', GRANTED, 0, -1)) do
     if owner_of(id) == owner then
-      redis.call('ZREM', GRANTED, id)
+      local headroom = 0
+      if redis.call('ZSCORE', GRANTED_HEADROOM, id) then headroom = 1 end
+      forget_grant(id)
       if redis.call('ZSCORE', RUNNING, id) then
         redis.call('ZADD', RUNNING, fmt(now + lease), id)
+        if redis.call('ZSCORE', RUNNING_TOP, id) then redis.call('ZADD', RUNNING_TOP, fmt(now + lease), id) end
         woken[#woken + 1] = id
+        woken[#woken + 1] = headroom
       end
     end
   end
 end
 """
 
-# + KEYS: finish:<tenant>. ARGV[8..]: id, band, cost, weight, max_queue, max_ahead (< 0: none), expiry_s.
-# Returns {outcome, ahead, woken...}.
+# + KEYS: finish:<tenant>. ARGV[9..]: id, band, cost, weight, max_queue, max_ahead (< 0: none), expiry_s.
+# Returns {outcome, ahead, into headroom (1/0), woken...}.
 _ARRIVE = Script(_PRELUDE + """
-local FINISH = KEYS[7 + 2 * K]
-local id, band, cost, weight = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local max_queue, max_ahead, expiry = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local FINISH = KEYS[9 + 2 * K]
+local id, band, cost, weight = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local max_queue, max_ahead, expiry = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 expire()
 dispatch()
 collect()
@@ -149,16 +182,19 @@ local function remember()
   redis.call('SET', FINISH, fmt(start + cost / weight), 'EX', %(tenant_idle)d)
 end
 local waiting = num_waiting()
-if waiting == 0 and redis.call('ZCARD', RUNNING) < capacity then
+-- after dispatch() none of the top band waits while there is room for it: only a lower band's
+-- arrival waits its turn behind those waiting
+if (band == 0 or waiting == 0) and fits(band) then
+  local headroom = into_headroom(band)
   remember()
   redis.call('SET', VCLOCK, fmt(start))
-  redis.call('ZADD', RUNNING, fmt(now + lease), id)
-  return {'granted', 0, unpack(woken)}
+  run(id, band, now + lease)
+  return {'granted', 0, headroom, unpack(woken)}
 end
 if waiting >= max_queue then
   local backlog = 0
   for b = 0, K - 1 do backlog = backlog + tonumber(redis.call('HGET', BAND_COST, b) or '0') end
-  return {'queue_full', backlog, unpack(woken)}
+  return {'queue_full', backlog, 0, unpack(woken)}
 end
 local ahead = 0
 for b = 0, band - 1 do ahead = ahead + tonumber(redis.call('HGET', BAND_COST, b) or '0') end
@@ -167,14 +203,14 @@ for i = 1, #same, 2 do
   local s = tonumber(same[i + 1])
   if s < start or same[i] < id then ahead = ahead + tonumber(redis.call('HGET', COST, same[i]) or '0') end
 end
-if max_ahead >= 0 and ahead > max_ahead then return {'slo', ahead, unpack(woken)} end
+if max_ahead >= 0 and ahead > max_ahead then return {'slo', ahead, 0, unpack(woken)} end
 remember()
 redis.call('ZADD', tag_key(band), fmt(start), id)
 redis.call('ZADD', entered_key(band), fmt(now), id)
 redis.call('ZADD', EXPIRES, fmt(now + expiry), id)
 redis.call('HSET', COST, id, cost)
 redis.call('HINCRBY', BAND_COST, band, cost)
-return {'queued', ahead, unpack(woken)}
+return {'queued', ahead, 0, unpack(woken)}
 """ % {"tenant_idle": TENANT_IDLE_S})
 
 _DISPATCH = Script(_PRELUDE + """
@@ -184,24 +220,24 @@ collect()
 return woken
 """)
 
-# ARGV[8]: id. Releasing an entry that is not running does nothing.
+# ARGV[9]: id. Releasing an entry that is not running does nothing.
 _RELEASE = Script(_PRELUDE + """
 expire()
-redis.call('ZREM', RUNNING, ARGV[8])
-redis.call('ZREM', GRANTED, ARGV[8])
+stop(ARGV[9])
+forget_grant(ARGV[9])
 dispatch()
 collect()
 return woken
 """)
 
-# ARGV[8]: id. Out of the queue if it waits, released if it was granted.
+# ARGV[9]: id. Out of the queue if it waits, released if it was granted.
 _WITHDRAW = Script(_PRELUDE + """
 expire()
-local id = ARGV[8]
+local id = ARGV[9]
 local b = band_of(id)
 if b then remove_waiting(id, b) end
-redis.call('ZREM', RUNNING, id)
-redis.call('ZREM', GRANTED, id)
+stop(id)
+forget_grant(id)
 dispatch()
 collect()
 return woken
@@ -234,7 +270,8 @@ class RedisLedger:
         self.clock = clock
         prefix = "switchyard:flow:{" + backend + "}:"
         self.prefix = prefix
-        self._keys = [prefix + name for name in ("vclock", "running", "cost", "band_cost", "expires", "granted")]
+        self._keys = [prefix + name for name in ("vclock", "running", "cost", "band_cost", "expires", "granted", "granted_headroom",
+                                                    "running_top")]
         self._keys += [f"{prefix}tag:{b}" for b in range(num_bands)] + [f"{prefix}entered:{b}" for b in range(num_bands)]
 
     def describe(self) -> str:
@@ -243,9 +280,11 @@ class RedisLedger:
     async def close(self) -> None:
         pass  # the client is the caller's to close: several ledgers share it
 
-    def _args(self, capacity: int) -> list[Any]:
+    def _args(self, capacity: int, top_capacity: int | None) -> list[Any]:
         now = self.clock() if callable(self.clock) else -1.0
-        return [_fmt(now), self.num_bands, _fmt(self.aging_s or 0.0), capacity, _fmt(self.lease_s), _fmt(self.claim_s), self.owner]
+        top = capacity if top_capacity is None else top_capacity
+        return [_fmt(now), self.num_bands, _fmt(self.aging_s or 0.0), capacity, top, _fmt(self.lease_s), _fmt(self.claim_s),
+                self.owner]
 
     async def _call(self, awaitable: Awaitable[Any]) -> Any:
         try:
@@ -253,26 +292,30 @@ class RedisLedger:
         except (RedisUnavailable, RedisReplyError) as exc:
             raise LedgerError(str(exc)) from None
 
-    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None) -> Arrival:
+    async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None,
+                     top_capacity: int | None = None) -> Arrival:
         keys = [*self._keys, f"{self.prefix}finish:{entry.tenant}"]
-        args = [*self._args(capacity), entry.id, entry.band, entry.cost, _fmt(entry.weight), max_queue,
+        args = [*self._args(capacity, top_capacity), entry.id, entry.band, entry.cost, _fmt(entry.weight), max_queue,
                 -1 if max_ahead is None else max_ahead, _fmt(self.expiry_s)]
         reply = await self._call(self.client.evalsha(_ARRIVE, keys, args))
-        return Arrival(reply[0].decode(), int(reply[1]), _ids(reply[2:]))  # type: ignore[arg-type]
+        return Arrival(reply[0].decode(), int(reply[1]), _grants(reply[3:]), int(reply[2]) == 1)  # type: ignore[arg-type]
 
-    async def dispatch(self, capacity: int) -> tuple[str, ...]:
-        return _ids(await self._call(self.client.evalsha(_DISPATCH, self._keys, self._args(capacity))))
+    async def dispatch(self, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        return _grants(await self._call(self.client.evalsha(_DISPATCH, self._keys, self._args(capacity, top_capacity))))
 
-    async def release(self, entry_id: str, capacity: int) -> tuple[str, ...]:
-        return _ids(await self._call(self.client.evalsha(_RELEASE, self._keys, [*self._args(capacity), entry_id])))
+    async def release(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        args = [*self._args(capacity, top_capacity), entry_id]
+        return _grants(await self._call(self.client.evalsha(_RELEASE, self._keys, args)))
 
-    async def withdraw(self, entry_id: str, capacity: int) -> tuple[str, ...]:
-        return _ids(await self._call(self.client.evalsha(_WITHDRAW, self._keys, [*self._args(capacity), entry_id])))
+    async def withdraw(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
+        args = [*self._args(capacity, top_capacity), entry_id]
+        return _grants(await self._call(self.client.evalsha(_WITHDRAW, self._keys, args)))
 
     async def waiting(self) -> int:
-        return int(await self._call(self.client.evalsha(_WAITING, self._keys, self._args(0))))
+        return int(await self._call(self.client.evalsha(_WAITING, self._keys, self._args(0, None))))
 
 
-def _ids(items: list[bytes]) -> tuple[str, ...]:
-    return tuple(item.decode() for item in items)
+def _grants(items: list[Any]) -> tuple[Grant, ...]:
+    """The scripts' flat `woken` (id, 1 or 0 for into headroom, ...) as grants."""
+    return tuple(Grant(items[i].decode(), int(items[i + 1]) == 1) for i in range(0, len(items), 2))
 

@@ -1,5 +1,5 @@
-"""A backend's capacity and room, read off real `Replica` objects and engine load snapshots, a
-real proxy backend's fleet and the built-in backend."""
+"""A backend's capacity and room — and the top band's headroom — read off real `Replica`
+objects and engine load snapshots, a real proxy backend's fleet and the built-in backend."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import time
 
 import msgspec
 
-from gateway.flow_control.capacity import UNBOUNDED, backend_readings, fleet_capacity, fleet_has_room, share_of
+from gateway.flow_control.capacity import (
+    UNBOUNDED,
+    backend_headroom,
+    backend_readings,
+    fleet_capacity,
+    fleet_has_room,
+    fleet_headroom,
+    share_of,
+)
 from plugins.builtin.backend import BuiltinBackend
 from plugins.builtin.options import BuiltinOptions
 from plugins.fleet.load_signals import LoadSnapshot
@@ -16,11 +24,11 @@ from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
 from plugins.transport.http1 import Pool
 
 
-def replica(port: int, *, in_flight: int = 0, running: float | None = None, waiting: float = 0.0) -> Replica:
+def replica(port: int, *, in_flight: int = 0, running: float | None = None, waiting: float = 0.0, slots: int | None = None) -> Replica:
     made = Replica(url=f"http://127.0.0.1:{port}", pool=Pool(f"http://127.0.0.1:{port}"), stale_after_s=3.0)
     made.in_flight = in_flight
     if running is not None:
-        made.observe(LoadSnapshot(running=running, waiting=waiting, at=time.monotonic()))
+        made.observe(LoadSnapshot(running=running, waiting=waiting, at=time.monotonic(), slots=slots))
     return made
 
 
@@ -73,3 +81,40 @@ def test_the_builtin_engine_is_one_replica_of_its_batch_size() -> None:
 
 def test_a_worker_share_of_the_slots() -> None:
     assert [share_of(8, 1), share_of(8, 3), share_of(1, 4), share_of(UNBOUNDED, 4)] == [8, 2, 1, UNBOUNDED]
+
+
+def test_headroom_is_each_replicas_own_bounded_by_the_slots_its_engine_reports() -> None:
+    assert fleet_headroom([replica(9), replica(10), replica(11)], 2, 1) == 3
+    assert fleet_headroom([replica(9, running=0, slots=2)], 2, 1) == 0  # started with -np 2: no slot beyond the 2
+    assert fleet_headroom([replica(9, running=0, slots=8)], 2, 1) == 1  # more than enough: the headroom asked for
+    assert fleet_headroom([replica(9, running=0, slots=3)], 2, 4) == 1
+
+
+def test_the_top_band_has_room_while_a_replica_is_below_its_concurrency_and_headroom() -> None:
+    full = [replica(9, in_flight=2), replica(10, in_flight=2)]
+    assert not fleet_has_room(full, 2) and fleet_has_room(full, 2, 1)
+    assert not fleet_has_room([replica(9, in_flight=3), replica(10, in_flight=3)], 2, 1)
+    assert not fleet_has_room([replica(9, in_flight=0, running=2, waiting=1)], 2, 1)  # its engine queues: full
+    assert not fleet_has_room([replica(9, in_flight=2, running=2, slots=2)], 2, 1)  # no slot beyond the 2 in its engine
+
+
+def test_a_proxy_backend_reads_its_headroom_off_its_routable_replicas() -> None:
+    backend = LlamaCppBackend("fleet", msgspec.convert({"endpoints": ["http://127.0.0.1:9", "http://127.0.0.1:10"]},
+                                                       LlamaCppOptions))
+    assert backend_headroom(backend, max_concurrent=None, replica_concurrency=2, headroom=0) is None
+    headroom = backend_headroom(backend, max_concurrent=None, replica_concurrency=2, headroom=1)
+    assert headroom is not None and (headroom.slots(), headroom.has_room()) == (2, True)
+    for each in backend.fleet.replicas.values():
+        each.in_flight = 3
+    assert not headroom.has_room()
+    backend.fleet.replicas["http://127.0.0.1:9"].draining = True
+    assert headroom.slots() == 1
+    shared = backend_headroom(backend, max_concurrent=None, replica_concurrency=2, headroom=4, workers=3)
+    assert shared is not None and shared.slots() == 1  # one worker's share of the 4
+
+
+def test_the_builtin_engine_has_its_headroom_above_its_slots() -> None:
+    backend = BuiltinBackend("local", msgspec.convert({"max_num_seqs": 6}, BuiltinOptions))
+    headroom = backend_headroom(backend, max_concurrent=None, replica_concurrency=4, headroom=2)
+    assert headroom is not None and headroom.slots() == 2
+    assert not headroom.has_room()  # not started: no engine takes requests yet

@@ -37,6 +37,7 @@ def test_the_tables_read_into_keys_backends_and_routes() -> None:
     assert keys == {"gold": (4.0, None), "batch": (1.0, 10)}
     table = config.backends[0].flow_control
     assert table is not None and (table.replica_concurrency, table.max_queue, table.queue_timeout_s) == (2, 8, None)
+    assert table.priority_headroom == 0  # default: no headroom, the top band waits like the others
     fast, slow = (RouteLimits.of(config.server, route) for route in config.routes)
     assert (fast.ttft_slo_ms, slow.ttft_slo_ms, RouteLimits.of(config.server).ttft_slo_ms) == (500, 3000, 3000)
 
@@ -59,6 +60,12 @@ def test_the_tables_read_into_keys_backends_and_routes() -> None:
     ('[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\nreplica_concurrency = 0\n',
      "at `backends[0].flow_control.replica_concurrency`"),
     ('[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\nslots = 2\n', "unknown key at `backends[0].flow_control.slots`"),
+    ('[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\nreplica_concurrency = 2\npriority_headroom = -1\n',
+     "at `backends[0].flow_control.priority_headroom`"),
+    ('[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\npriority_headroom = 1\n',
+     "`priority_headroom` is slots beyond `replica_concurrency`, which is not set, at `backends[0].flow_control.priority_headroom`"),
+    ('[server.flow_control]\nband_edges = []\n[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\n'
+     'replica_concurrency = 2\npriority_headroom = 1\n', "makes one band of every request, at `backends[0].flow_control.priority_headroom`"),
     ('[[backends]]\nname = "b"\ntype = "builtin"\n[[routes]]\nname = "r"\nttft_slo_ms = -5\n[[routes.targets]]\nbackend = "b"\n',
      "at `routes[0].ttft_slo_ms`"),
 ])

@@ -47,7 +47,7 @@ def test_llamacpp_metrics_idle_busy_after() -> None:
 def test_llamacpp_slots_idle_busy() -> None:
     idle = parse_llamacpp_slots(recorded("llamacpp", "slots", "idle")["body"], at=0.0)
     busy = parse_llamacpp_slots(recorded("llamacpp", "slots", "busy")["body"], at=0.0)
-    assert (idle.running, idle.kv_cache_usage, idle.cache_tokens) == (0.0, 0.0, 4096)
+    assert (idle.running, idle.kv_cache_usage, idle.cache_tokens, idle.slots) == (0.0, 0.0, 4096, 2)
     assert (busy.running, busy.kv_cache_usage) == (2.0, 1.0)
 
 

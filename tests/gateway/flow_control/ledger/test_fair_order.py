@@ -1,6 +1,7 @@
 """The fair order, step by step, on both ledgers (in process and in a real Redis, on a clock
 the test moves): who is served next when a backend with one slot frees it, under two tenants,
-weights, bands and aging. The same script gives the same answers on both."""
+weights, bands and aging; and the top band's headroom, which only band 0 (aged in or not) is
+granted. The same script gives the same answers on both."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.flow_control.ledger.base import Entry, Ledger
+from gateway.flow_control.ledger.base import Entry, Grant, Ledger
 from gateway.flow_control.ledger.fair_order import entry_id
 from gateway.flow_control.ledger.memory_ledger import MemoryLedger
 from gateway.flow_control.ledger.redis_ledger import RedisLedger
@@ -66,7 +67,7 @@ class Script:
             woken = await self.ledger.release(holding, self.capacity)
             if not woken:
                 return order
-            (holding,) = woken
+            ((holding, _),) = woken
             order.append(self.tenant_of[holding])
 
 
@@ -209,7 +210,86 @@ async def test_withdraw_and_release_free_a_slot_once(make_ledger: MakeLedger) ->
     await ledger.arrive(waiting, capacity=1, max_queue=100, max_ahead=None)
     await ledger.arrive(later, capacity=1, max_queue=100, max_ahead=None)
     assert await ledger.withdraw(waiting.id, 1) == ()  # gone from the queue; nothing freed
-    assert await ledger.release(held, 1) == (later.id,)
+    assert await ledger.release(held, 1) == (Grant(later.id, into_headroom=False),)
     assert await ledger.release(held, 1) == ()  # twice: nothing more
     assert await ledger.withdraw(later.id, 1) == ()  # a granted entry withdrawn is released
     assert (await script.arrive("C")) == "granted"  # nothing runs, nothing waits
+
+
+# -- the top band's headroom: capacity 2, top capacity 3 -------------------------------------------
+
+HEADROOM = {"capacity": 2, "top_capacity": 3}
+
+
+async def test_the_top_band_is_granted_into_headroom_while_a_flood_waits(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
+    script = Script(ledger)
+    flood = [script.entry("A", band=1) for _ in range(4)]
+    arrivals = [await ledger.arrive(entry, max_queue=100, max_ahead=None, **HEADROOM) for entry in flood]
+    assert [a.outcome for a in arrivals] == ["granted", "granted", "queued", "queued"]  # the flood keeps its 2 slots
+    assert not any(a.into_headroom for a in arrivals)
+    urgent = script.entry("B", band=0)
+    arrival = await ledger.arrive(urgent, max_queue=100, max_ahead=None, **HEADROOM)
+    assert (arrival.outcome, arrival.into_headroom) == ("granted", True)  # at once, ahead of the flood's backlog
+    second = script.entry("B", band=0)
+    assert (await ledger.arrive(second, max_queue=100, max_ahead=None, **HEADROOM)).outcome == "queued"  # the headroom is full
+    assert await ledger.release(flood[0].id, **HEADROOM) == (Grant(second.id, into_headroom=True),)  # band 0 first
+    assert await ledger.release(flood[1].id, **HEADROOM) == (Grant(flood[2].id, into_headroom=False),)  # 3 run: 2 + 1
+    assert await ledger.release(urgent.id, **HEADROOM) == (Grant(flood[3].id, into_headroom=False),)  # the flood's 2 again
+
+
+async def test_the_lower_bands_keep_their_capacity_while_the_top_band_runs(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
+    script = Script(ledger)
+    flood = [script.entry("A", band=1) for _ in range(3)]
+    for entry in flood:
+        await ledger.arrive(entry, max_queue=100, max_ahead=None, **HEADROOM)
+    urgent = await ledger.arrive(script.entry("B", band=0), max_queue=100, max_ahead=None, **HEADROOM)
+    assert (urgent.outcome, urgent.into_headroom) == ("granted", True)
+    assert await ledger.release(flood[0].id, **HEADROOM) == (Grant(flood[2].id, into_headroom=False),)  # its 2nd slot, at once
+
+
+async def test_lower_bands_never_fill_the_headroom(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
+    script = Script(ledger)
+    for band in (1, 2, 1, 2, 1):
+        await ledger.arrive(script.entry("A", band=band), max_queue=100, max_ahead=None, capacity=1, top_capacity=4)
+    assert await ledger.dispatch(1, 4) == ()
+    assert await ledger.waiting() == 4
+
+
+async def test_a_request_aged_into_the_top_band_may_take_the_headroom(make_ledger: MakeLedger, clock: FakeClock) -> None:
+    ledger = make_ledger(aging_s=10.0)
+    script = Script(ledger)
+    for tenant in ("A", "C"):  # A's takes the one slot of the lower bands; C's waits for it
+        await ledger.arrive(script.entry(tenant, band=1), max_queue=100, max_ahead=None, capacity=1, top_capacity=2)
+    (waiting,) = [entry for entry, tenant in script.tenant_of.items() if tenant == "C"]
+    assert await ledger.dispatch(1, 2) == ()
+    clock.advance(10.0)  # one period: band 0
+    assert await ledger.dispatch(1, 2) == (Grant(waiting, into_headroom=True),)
+
+
+async def test_without_headroom_the_top_band_waits_its_turn(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
+    script = Script(ledger)
+    await saturate(script)
+    for top_capacity in (None, 1, 0):  # none given, none beyond the capacity, less than it: the capacity
+        arrival = await ledger.arrive(script.entry("B", band=0), capacity=1, max_queue=100, max_ahead=None, top_capacity=top_capacity)
+        assert arrival.outcome == "queued"
+
+
+async def test_a_grant_into_headroom_reaches_the_worker_whose_request_it_is(redis: RedisServer, clock: FakeClock) -> None:
+    client = RespClient(redis.url, timeout_s=5.0)
+    ledgers = [RedisLedger(client, "shared", num_bands=3, aging_s=None, owner=owner, lease_s=600.0, expiry_s=600.0, clock=clock)
+               for owner in ("w1", "w2")]
+    try:
+        mine, theirs = (Script(ledger) for ledger in ledgers)
+        held = [theirs.entry("A", band=0) for _ in range(3)]
+        for entry in held:  # every slot and the headroom, by the other worker's top-band requests
+            assert (await ledgers[1].arrive(entry, max_queue=100, max_ahead=None, **HEADROOM)).outcome == "granted"
+        urgent = mine.entry("B", band=0)
+        assert (await ledgers[0].arrive(urgent, max_queue=100, max_ahead=None, **HEADROOM)).outcome == "queued"
+        assert await ledgers[1].release(held[2].id, **HEADROOM) == ()  # granted there, to this worker's entry
+        assert await ledgers[0].dispatch(**HEADROOM) == (Grant(urgent.id, into_headroom=True),)  # collected with its kind
+    finally:
+        await client.close()
