@@ -84,9 +84,9 @@ class BackendFlowConfig(_Config):
     # requests each replica runs at once; None: the backend's `max_concurrent`, else the
     # engines' own reports (a replica reporting a queue of its own is full)
     replica_concurrency: Annotated[int, Meta(ge=1)] | None = None
-    # slots each replica keeps beyond `replica_concurrency` that only the top band (band 0, after
-    # aging) may be granted; its engines must run that many more (llama-server -np, vLLM
-    # max_num_seqs). 0: none
+    # slots each replica keeps beyond `replica_concurrency` that only requests sent in the top
+    # band (band 0; not those aged into it) may be granted; its engines must run that many more
+    # (llama-server -np, vLLM max_num_seqs). 0: none
     priority_headroom: Annotated[int, Meta(ge=0)] = 0
     max_queue: Annotated[int, Meta(ge=0)] | None = None
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None

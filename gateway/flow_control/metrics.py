@@ -5,7 +5,8 @@
 - `switchyard_flow_queue_wait_seconds` (histogram of the wait of each request that queued);
 - `switchyard_flow_admissions_total{path=immediate|queued}`;
 - `switchyard_flow_headroom_grants_total` (admissions into the top band's `priority_headroom`,
-  by the band each request asked for: one that aged into the top band shows its own);
+  labelled by the band each request asked for: always 0, as only requests sent in the top band
+  are granted there);
 - `switchyard_flow_sheds_total{reason}` (`stats` lists the reasons).
 
 `tenant` is the tenant only when tenants are client keys (few, named in the configuration);

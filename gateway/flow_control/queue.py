@@ -15,9 +15,10 @@ more (some replica below its concurrency and not reporting a queue of its own). 
 grants while fewer than `capacity()` run — counting the grants not yet placed on a replica, and
 with a shared ledger every worker's — and `has_room()` holds. A backend with
 `priority_headroom` supplies a third, `Headroom`: the top band's extra slots and whether some
-replica has room within them, which then stands for `has_room()`; the top band (after aging) is
-also granted while fewer than `capacity()` plus those run (`ticket.into_headroom`), and the
-lower bands keep `capacity()` of their own whatever the top band runs (`ledger.fair_order`).
+replica has room within them, which then stands for `has_room()`; a request sent in the top
+band (not one aged into it) is also granted while fewer than `capacity()` plus those run
+(`ticket.into_headroom`), and the others keep `capacity()` of their own whatever the top band
+runs (`ledger.fair_order`).
 
 A request that finds room and nobody waiting is granted in one ledger step: in this process, a
 few dictionary operations. Otherwise it waits in fair order until a slot frees

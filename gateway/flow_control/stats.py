@@ -18,8 +18,8 @@ from typing import Protocol
 class FlowObserver(Protocol):
     def admitted(self, backend: str, tenant: str, band: int, queued_s: float | None, into_headroom: bool = False) -> None:
         """A request got its slot: at once (`queued_s` None) or after waiting; `into_headroom`:
-        one of the top band's own slots (`priority_headroom`). `band`: the one it asked for (a
-        request that aged into the top band shows its own)."""
+        one of the top band's own slots (`priority_headroom`), only ever a request sent in the
+        top band. `band`: the one it asked for (aging does not change it)."""
 
     def shed(self, backend: str, tenant: str, band: int, reason: str) -> None: ...
 

@@ -10,10 +10,11 @@ step of another kind came first.
 
 Room is two numbers: `top_capacity`, the most that run — `capacity` plus the backend's
 `priority_headroom` (None: no headroom, the same as `capacity`) — and `capacity`, the most of
-them granted in a lower band (`fair_order`). The top band (band 0, after aging) may fill all of
-`top_capacity`; the lower bands keep their `capacity` whatever the top band runs, and never
-take the headroom, so a flood in a lower band never holds the slots an interactive request
-needs. A top-band grant made while `capacity` or more run is *into headroom*
+them not sent in the top band (`fair_order`). Requests sent in the top band (band 0) may fill
+all of `top_capacity`; the others — the lower bands', and those aged into band 0 — keep their
+`capacity` whatever the top band runs, and never take the headroom, so a flood in a lower band,
+however long it has waited, never holds the slots an interactive request needs. A grant to a
+request sent in the top band made while `capacity` or more run is *into headroom*
 (`Grant.into_headroom`).
 
 `release` and `withdraw` are idempotent: whoever is unsure whether an entry was granted may
@@ -68,15 +69,17 @@ class Ledger(Protocol):
     async def arrive(self, entry: Entry, *, capacity: int, max_queue: int, max_ahead: int | None,
                      top_capacity: int | None = None) -> Arrival:
         """Granted at once when it has room (`fair_order`) and — a lower band's entry — nothing
-        waits, or — a top-band entry — whatever waits below it (the waiting served first); else
+        waits, or — a top-band entry — whatever waits below it or aged into its band (the
+        waiting served first); else
         refused when `max_queue` entries wait, or when more than `max_ahead` tokens (None: no
         bound) would be served before it; else queued in fair order. Only a granted or queued
         entry moves its tenant's finish tag."""
         ...
 
     async def dispatch(self, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:
-        """Serve waiting entries in order while the head has room: fewer than `top_capacity`
-        run, and — a lower band's — fewer than `capacity` of the lower bands."""
+        """Serve waiting entries in order while one has room: fewer than `top_capacity` run,
+        and — one not sent in the top band — fewer than `capacity` of those; an entry sent in
+        the top band goes past a head aged into it that has none."""
         ...
 
     async def release(self, entry_id: str, capacity: int, top_capacity: int | None = None) -> tuple[Grant, ...]:

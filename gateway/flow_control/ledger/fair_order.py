@@ -15,16 +15,25 @@ tenants are served 3:1 in tokens.
 
 Aging: a request that has waited `aging_s` in its band moves to the band above (keeping its
 tag), and so on each `aging_s`, up to band 0: a low band waits at most `aging_s` per band it
-is below the top, whatever arrives above it.
+is below the top, whatever arrives above it — for a slot of the lower bands' `capacity`, below.
 
 Room, with the top band's headroom: the backend runs at most `top_capacity` requests
 (`capacity` plus its `priority_headroom`; no headroom: `capacity`), and of them at most
-`capacity` granted in a lower band. A top-band entry (band 0, sent there or aged into it) goes
-while fewer than `top_capacity` run — a top-band arrival at once, whatever waits below it — and
-a lower-band entry while the lower bands hold fewer than `capacity` and fewer than
-`top_capacity` run. So the lower bands keep their `capacity` whatever the top band runs, and
-the top band always finds the headroom free of them. A top-band grant made while `capacity` or
-more run is *into headroom*.
+`capacity` that were not *sent* in the top band. Which room an entry may take is decided by the
+band it was sent in, never by the band aging has lifted it to:
+
+- an entry sent in band 0 goes while fewer than `top_capacity` run — a top-band arrival at
+  once, whatever waits below it or has aged in beside it;
+- any other entry — a lower band's, or one aged into band 0 — goes while fewer than `capacity`
+  of those not sent in band 0 run (and fewer than `top_capacity` in all).
+
+So the lower bands keep their `capacity` whatever the top band runs, and the headroom is always
+free of them, however long they have waited: aging is against starvation among the ordinary
+slots, not a way into the headroom (else a flood's old backlog, aged into band 0, would take the
+very slots kept for interactive requests). An entry aged into band 0 is still ordered as band 0
+among the waiting — by `(S, id)` with those sent there — and goes first when both may; when the
+lower bands' room is full, the first entry sent in band 0 goes past it into the headroom. A
+grant to an entry sent in band 0 made while `capacity` or more run is *into headroom*.
 
 Ids are fixed-width, `<12 hex digits>.<owner>`, so ties in `S` break the same way in Python
 (tuple order) and in Redis (members of equal score sort by bytes).

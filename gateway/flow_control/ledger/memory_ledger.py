@@ -1,7 +1,9 @@
 """The ledger of one gateway process: the algorithm of `fair_order`, on plain lists.
 
 Each band keeps its entries twice, sorted: by `(tag, id)` to serve the head, and by
-`(entered, id)` — when the entry came into the band — to age the oldest. Queues are bounded
+`(entered, id)` — when the entry came into the band — to age the oldest; the entries sent in the
+top band, which alone may take its headroom, are also kept by `(tag, id)` apart, so the first of
+them is found when an aged-in head waits for the lower bands' room. Queues are bounded
 (`max_queue`), so a sorted list's insertion, a C-speed move, beats a tree here. Nothing awaits
 inside a step: each is atomic on the event loop, and a grant with room and nothing waiting is a
 few dictionary operations. The steps are plain methods (`*_now`), which `FlowQueue` calls
@@ -29,8 +31,9 @@ PRUNE_TENANTS_AT = 4096  # past this many remembered tenants, forget those whose
 class _Waiting:
     tag: float
     entered: float  # when it came into its present band
-    band: int
+    band: int  # its band now, after aging
     cost: int
+    sent_top: bool  # sent in the top band (not aged into it): it may take the headroom
 
 
 class MemoryLedger:
@@ -43,10 +46,11 @@ class MemoryLedger:
         self.vclock = 0.0
         self.finish: dict[str, float] = {}  # tenant -> finish tag of its last admitted request
         self.running: set[str] = set()
-        self.running_top: set[str] = set()  # those of `running` granted in the top band
+        self.running_top: set[str] = set()  # those of `running` sent in the top band
         self._waiting: dict[str, _Waiting] = {}
         self._by_tag: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
         self._by_entered: list[list[tuple[float, str]]] = [[] for _ in range(num_bands)]
+        self._sent_top: list[tuple[float, str]] = []  # (tag, id) of those waiting that were sent in the top band
         self._band_cost = [0] * num_bands
 
     def describe(self) -> str:
@@ -81,19 +85,21 @@ class MemoryLedger:
     def arrive_now(self, entry: Entry, room: Room, max_queue: int, max_ahead: int | None) -> Arrival:
         woken = self.dispatch_now(room) if self._waiting else ()
         start = start_tag(self.vclock, self.finish.get(entry.tenant))
-        # after the dispatch none of the top band waits while there is room for it: only a
-        # lower band's arrival waits its turn behind those waiting
-        if entry.band == 0 or not self._waiting:
+        # after the dispatch none sent in the top band waits while there is room for it (one aged
+        # into it may, for the lower bands' room): only a lower band's arrival waits its turn
+        # behind those waiting
+        sent_top = entry.band == 0
+        if sent_top or not self._waiting:
             capacity, top = room()
-            if self._fits(entry.band, capacity, top_slots(capacity, top)):
-                return self._grant_at_once(entry, start, woken, entry.band == 0 and len(self.running) >= capacity)
+            if self._fits(sent_top, capacity, top_slots(capacity, top)):
+                return self._grant_at_once(entry, start, woken, sent_top and len(self.running) >= capacity)
         if len(self._waiting) >= max_queue:
             return Arrival("queue_full", sum(self._band_cost), woken)
         ahead = self._ahead(entry, start)
         if max_ahead is not None and ahead > max_ahead:
             return Arrival("slo", ahead, woken)
         self._remember(entry, start)
-        self._insert(entry.id, _Waiting(start, self.clock(), entry.band, entry.cost))
+        self._insert(entry.id, _Waiting(start, self.clock(), entry.band, entry.cost, sent_top))
         return Arrival("queued", ahead, woken)
 
     def release_now(self, entry_id: str, room: Room) -> tuple[Grant, ...]:
@@ -118,33 +124,38 @@ class MemoryLedger:
         woken: list[Grant] = []
         while self._waiting:
             band = next(b for b, entries in enumerate(self._by_tag) if entries)
-            if not self._fits(band, capacity, top):
-                break  # the head cannot go, so nothing behind it can
             tag, entry_id = self._by_tag[band][0]
+            sent_top = self._waiting[entry_id].sent_top
+            if not self._fits(sent_top, capacity, top):
+                # no entry like the head can go; only one sent in the top band may, into the
+                # headroom, past a head that aged into it and waits for the lower bands' room
+                if sent_top or not self._sent_top or not self._fits(True, capacity, top):
+                    break
+                (tag, entry_id), sent_top = self._sent_top[0], True
             self._remove(entry_id, self._waiting[entry_id])
             if tag > self.vclock:
                 self.vclock = tag
-            woken.append(Grant(entry_id, band == 0 and len(self.running) >= capacity))
-            self._run(entry_id, band)
+            woken.append(Grant(entry_id, sent_top and len(self.running) >= capacity))
+            self._run(entry_id, sent_top)
         return tuple(woken)
 
     # -- inside a step ----------------------------------------------------------------------------
 
-    def _fits(self, band: int, capacity: int, top: int) -> bool:
-        """`fair_order`'s room: fewer than `top` run, and for a lower band fewer than `capacity`
-        of the lower bands."""
+    def _fits(self, sent_top: bool, capacity: int, top: int) -> bool:
+        """`fair_order`'s room: fewer than `top` run, and for an entry not sent in the top band
+        (a lower band's, or one aged into the top band) fewer than `capacity` of those."""
         running = len(self.running)
-        return running < top and (band == 0 or running - len(self.running_top) < capacity)
+        return running < top and (sent_top or running - len(self.running_top) < capacity)
 
-    def _run(self, entry_id: str, band: int) -> None:
+    def _run(self, entry_id: str, sent_top: bool) -> None:
         self.running.add(entry_id)
-        if band == 0:
+        if sent_top:
             self.running_top.add(entry_id)
 
     def _grant_at_once(self, entry: Entry, start: float, woken: tuple[Grant, ...], into_headroom: bool) -> Arrival:
         self._remember(entry, start)
         self.vclock = start
-        self._run(entry.id, entry.band)
+        self._run(entry.id, entry.band == 0)
         return Arrival("granted", 0, woken, into_headroom)
 
     def _age(self) -> None:
@@ -182,6 +193,8 @@ class MemoryLedger:
         self._waiting[entry_id] = waiting
         insort(self._by_tag[waiting.band], (waiting.tag, entry_id))
         insort(self._by_entered[waiting.band], (waiting.entered, entry_id))
+        if waiting.sent_top:
+            insort(self._sent_top, (waiting.tag, entry_id))
         self._band_cost[waiting.band] += waiting.cost
 
     def _remove(self, entry_id: str, waiting: _Waiting) -> None:
@@ -189,6 +202,8 @@ class MemoryLedger:
         for index, key in ((self._by_tag, waiting.tag), (self._by_entered, waiting.entered)):
             entries = index[waiting.band]
             del entries[bisect_left(entries, (key, entry_id))]
+        if waiting.sent_top:
+            del self._sent_top[bisect_left(self._sent_top, (waiting.tag, entry_id))]
         self._band_cost[waiting.band] -= waiting.cost
 
 

@@ -13,8 +13,10 @@ Keys, per backend B (one hash tag, so a Redis Cluster keeps them on one shard), 
 `band_cost` (hash: band -> tokens waiting); `expires` (sorted set: id -> when a waiting entry is
 dropped, in case its worker died); `granted` (sorted set: id -> when granted, until its worker
 collects it) and `granted_headroom` (the same, for those granted into the top band's headroom);
-`running_top` (sorted set: the entries of `running` granted in the top band, with the same
-leases); `finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
+`running_top` (sorted set: the entries of `running` sent in the top band, with the same
+leases); `sent_top` (sorted set: id -> start tag, the waiting entries sent in the top band —
+the band an entry was sent in is known by it where a grant is decided, since aging moves the
+entry itself); `finish:<tenant>` (string, expires after `TENANT_IDLE_S`).
 
 Grants travel by `granted`: a step that serves another worker's entry gives it a short lease
 (`claim_s`) and lists it there; that worker's next step (at the latest its poll, every
@@ -37,7 +39,7 @@ EXPIRY_MARGIN_S = 10.0  # a waiting entry outlives its queue timeout by this, th
 
 # ARGV: now (< 0: Redis's own), bands, aging_s (0: none), capacity, top capacity, lease_s,
 # claim_s, owner, then the script's own. KEYS: vclock, running, cost, band_cost, expires,
-# granted, granted_headroom, running_top, tag:0..K-1, entered:0..K-1, then the script's own.
+# granted, granted_headroom, running_top, sent_top, tag:0..K-1, entered:0..K-1, then the script's own.
 _PRELUDE = """
 local now = tonumber(ARGV[1])
 if now < 0 then
@@ -48,10 +50,10 @@ local K, aging, capacity, top = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(A
 if top < capacity then top = capacity end
 local lease, claim, owner = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local VCLOCK, RUNNING, COST, BAND_COST, EXPIRES, GRANTED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local GRANTED_HEADROOM, RUNNING_TOP = KEYS[7], KEYS[8]
+local GRANTED_HEADROOM, RUNNING_TOP, SENT_TOP = KEYS[7], KEYS[8], KEYS[9]
 local function fmt(x) return string.format('%.17g', x) end
-local function tag_key(b) return KEYS[9 + b] end
-local function entered_key(b) return KEYS[9 + K + b] end
+local function tag_key(b) return KEYS[10 + b] end
+local function entered_key(b) return KEYS[10 + K + b] end
 local function owner_of(id) return string.match(id, '^[^.]*%.(.*)$') end
 local function vclock() return tonumber(redis.call('GET', VCLOCK) or '0') end
 local function num_waiting()
@@ -69,6 +71,7 @@ local function remove_waiting(id, b)
   redis.call('ZREM', tag_key(b), id)
   redis.call('ZREM', entered_key(b), id)
   redis.call('ZREM', EXPIRES, id)
+  redis.call('ZREM', SENT_TOP, id)
   local c = tonumber(redis.call('HGET', COST, id) or '0')
   redis.call('HDEL', COST, id)
   redis.call('HINCRBY', BAND_COST, b, -c)
@@ -100,19 +103,20 @@ local function age()
     end
   end
 end
--- fair_order's room: fewer than `top` run, and for a lower band fewer than `capacity` of the lower bands
-local function fits(band)
+-- fair_order's room: fewer than `top` run, and for an entry not sent in the top band (a lower
+-- band's, or one aged into the top band) fewer than `capacity` of those
+local function fits(sent_top)
   local running = redis.call('ZCARD', RUNNING)
   if running >= top then return false end
-  return band == 0 or running - redis.call('ZCARD', RUNNING_TOP) < capacity
+  return sent_top or running - redis.call('ZCARD', RUNNING_TOP) < capacity
 end
-local function into_headroom(band)
-  if band == 0 and redis.call('ZCARD', RUNNING) >= capacity then return 1 end
+local function into_headroom(sent_top)
+  if sent_top and redis.call('ZCARD', RUNNING) >= capacity then return 1 end
   return 0
 end
-local function run(id, band, till)
+local function run(id, sent_top, till)
   redis.call('ZADD', RUNNING, fmt(till), id)
-  if band == 0 then redis.call('ZADD', RUNNING_TOP, fmt(till), id) end
+  if sent_top then redis.call('ZADD', RUNNING_TOP, fmt(till), id) end
 end
 local function stop(id)
   redis.call('ZREM', RUNNING, id)
@@ -128,17 +132,26 @@ local function dispatch()
       local first = redis.call('ZRANGE', tag_key(b), 0, 0, 'WITHSCORES')
       if #first > 0 then head = {first[1], tonumber(first[2]), b}; break end
     end
-    if not head or not fits(head[3]) then break end  -- the head cannot go, so nothing behind it can
+    if not head then break end
     local id, tag, band = head[1], head[2], head[3]
-    local headroom = into_headroom(band)
+    local sent_top = band == 0 and redis.call('ZSCORE', SENT_TOP, id) ~= false
+    if not fits(sent_top) then
+      -- no entry like the head can go; only one sent in the top band may, into the headroom,
+      -- past a head that aged into it and waits for the lower bands' room
+      if sent_top or not fits(true) then break end
+      local first = redis.call('ZRANGE', SENT_TOP, 0, 0, 'WITHSCORES')
+      if #first == 0 then break end
+      id, tag, band, sent_top = first[1], tonumber(first[2]), 0, true
+    end
+    local headroom = into_headroom(sent_top)
     remove_waiting(id, band)
     if tag > vclock() then redis.call('SET', VCLOCK, fmt(tag)) end
     if owner_of(id) == owner then
-      run(id, band, now + lease)
+      run(id, sent_top, now + lease)
       woken[#woken + 1] = id
       woken[#woken + 1] = headroom
     else
-      run(id, band, now + claim)
+      run(id, sent_top, now + claim)
       redis.call('ZADD', GRANTED, fmt(now), id)
       if headroom == 1 then redis.call('ZADD', GRANTED_HEADROOM, fmt(now), id) end
     end
@@ -168,7 +181,7 @@ end
 # + KEYS: finish:<tenant>. ARGV[9..]: id, band, cost, weight, max_queue, max_ahead (< 0: none), expiry_s.
 # Returns {outcome, ahead, into headroom (1/0), woken...}.
 _ARRIVE = Script(_PRELUDE + """
-local FINISH = KEYS[9 + 2 * K]
+local FINISH = KEYS[10 + 2 * K]
 local id, band, cost, weight = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local max_queue, max_ahead, expiry = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 expire()
@@ -182,13 +195,14 @@ local function remember()
   redis.call('SET', FINISH, fmt(start + cost / weight), 'EX', %(tenant_idle)d)
 end
 local waiting = num_waiting()
--- after dispatch() none of the top band waits while there is room for it: only a lower band's
--- arrival waits its turn behind those waiting
-if (band == 0 or waiting == 0) and fits(band) then
-  local headroom = into_headroom(band)
+local sent_top = band == 0
+-- after dispatch() none sent in the top band waits while there is room for it (one aged into it
+-- may, for the lower bands' room): only a lower band's arrival waits its turn behind those waiting
+if (sent_top or waiting == 0) and fits(sent_top) then
+  local headroom = into_headroom(sent_top)
   remember()
   redis.call('SET', VCLOCK, fmt(start))
-  run(id, band, now + lease)
+  run(id, sent_top, now + lease)
   return {'granted', 0, headroom, unpack(woken)}
 end
 if waiting >= max_queue then
@@ -207,6 +221,7 @@ if max_ahead >= 0 and ahead > max_ahead then return {'slo', ahead, 0, unpack(wok
 remember()
 redis.call('ZADD', tag_key(band), fmt(start), id)
 redis.call('ZADD', entered_key(band), fmt(now), id)
+if sent_top then redis.call('ZADD', SENT_TOP, fmt(start), id) end
 redis.call('ZADD', EXPIRES, fmt(now + expiry), id)
 redis.call('HSET', COST, id, cost)
 redis.call('HINCRBY', BAND_COST, band, cost)
@@ -271,7 +286,7 @@ class RedisLedger:
         prefix = "switchyard:flow:{" + backend + "}:"
         self.prefix = prefix
         self._keys = [prefix + name for name in ("vclock", "running", "cost", "band_cost", "expires", "granted", "granted_headroom",
-                                                    "running_top")]
+                                                    "running_top", "sent_top")]
         self._keys += [f"{prefix}tag:{b}" for b in range(num_bands)] + [f"{prefix}entered:{b}" for b in range(num_bands)]
 
     def describe(self) -> str:

@@ -1,8 +1,9 @@
 """The top band's headroom through a real `FlowQueue` (in process and on a real Redis): a band-0
 request is granted at once while a flood fills every ordinary slot and waits behind it; the
-flood alone never runs past the backend's capacity, yet keeps it while the top band runs; the
-headroom opens only while some replica has room within it; a shadow copy never takes it; each
-grant into it is counted."""
+flood alone never runs past the backend's capacity, yet keeps it while the top band runs; a
+flood's backlog aged into the top band is served first among the ordinary slots but never in the
+headroom; the headroom opens only while some replica has room within it; a shadow copy never
+takes it; each grant into it is counted."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.flow_control.queue import Ask, FlowQueue, Headroom, QueueLimits, Ti
 from gateway.flow_control.stats import FlowCounters
 from gateway.keys.resp import RespClient
 from tests.gateway.flow_control.driving import Backend, until
+from tests.gateway.keys.conftest import FakeClock
 from tests.support.probes import metric
 from tests.support.redis_server import RedisServer
 
@@ -101,6 +103,35 @@ async def test_the_flood_alone_never_runs_past_the_capacity(queue: FlowQueue) ->
         each.release()
     for task in backlog[1:]:
         (await task).release()
+
+
+async def test_a_flood_aged_into_the_top_band_keeps_to_the_ordinary_slots(clock: FakeClock) -> None:
+    """The flood's backlog, once it has waited `aging_s`, is in band 0: served before a newer
+    request of a lower band, yet only within the backend's capacity — the headroom stays the
+    interactive requests' (bench/README.md, flow control run 3, where it was not)."""
+    ledger = MemoryLedger(num_bands=3, aging_s=30.0, clock=clock)
+    queue = FlowQueue("b", ledger, Backend(slots=2).capacity, headroom=Spare().headroom(), limits=NO_POLL)
+    try:
+        holding, backlog = await flood(queue, 4)
+        clock.advance(30.0)  # one period: the backlog is in band 0 at the next step
+        queue.poke()
+        assert (running(queue), await ledger.waiting()) == (2, 2)  # the headroom is free, and stays so
+        batch = asyncio.get_running_loop().create_task(queue.admit(Ask("batch", FLOOD, 100)))  # an earlier tag, in band 1
+        await until(lambda: queue.num_waiting == 3)
+        urgent = await queue.admit(Ask("quiet", URGENT, 100))
+        assert (urgent.queued_s, urgent.into_headroom, running(queue)) == (None, True, 3)
+        holding[0].release()
+        first = await backlog[0]  # band 0 by aging: before the batch request, in the flood's own slot
+        assert (first.into_headroom, running(queue), batch.done()) == (False, 3, False)
+        urgent.release()
+        assert (running(queue), await ledger.waiting()) == (2, 2)  # its headroom slot is nobody's in band 0 by aging
+        assert isinstance(queue.observer, FlowCounters) and queue.observer.into_headroom == {("quiet", URGENT): 1}
+        for each in (holding[1], first):
+            each.release()
+        (await backlog[1]).release()
+        (await batch).release()
+    finally:
+        await queue.close()
 
 
 async def test_a_flood_request_ending_beside_a_top_band_one_hands_its_slot_to_the_flood() -> None:

@@ -1,7 +1,8 @@
 """The fair order, step by step, on both ledgers (in process and in a real Redis, on a clock
 the test moves): who is served next when a backend with one slot frees it, under two tenants,
-weights, bands and aging; and the top band's headroom, which only band 0 (aged in or not) is
-granted. The same script gives the same answers on both."""
+weights, bands and aging; and the top band's headroom, which only requests sent in band 0 are
+granted (one aged into it waits for the lower bands' room). The same script gives the same
+answers on both."""
 
 from __future__ import annotations
 
@@ -258,15 +259,33 @@ async def test_lower_bands_never_fill_the_headroom(make_ledger: MakeLedger) -> N
     assert await ledger.waiting() == 4
 
 
-async def test_a_request_aged_into_the_top_band_may_take_the_headroom(make_ledger: MakeLedger, clock: FakeClock) -> None:
+async def test_a_request_aged_into_the_top_band_never_takes_the_headroom(make_ledger: MakeLedger, clock: FakeClock) -> None:
     ledger = make_ledger(aging_s=10.0)
     script = Script(ledger)
     for tenant in ("A", "C"):  # A's takes the one slot of the lower bands; C's waits for it
         await ledger.arrive(script.entry(tenant, band=1), max_queue=100, max_ahead=None, capacity=1, top_capacity=2)
-    (waiting,) = [entry for entry, tenant in script.tenant_of.items() if tenant == "C"]
-    assert await ledger.dispatch(1, 2) == ()
-    clock.advance(10.0)  # one period: band 0
-    assert await ledger.dispatch(1, 2) == (Grant(waiting, into_headroom=True),)
+    (aged,) = [entry for entry, tenant in script.tenant_of.items() if tenant == "C"]
+    clock.advance(10.0)  # one period: band 0, yet not sent there
+    assert await ledger.dispatch(1, 2) == ()  # the headroom is free, and stays so
+    urgent = await ledger.arrive(script.entry("B", band=0), max_queue=100, max_ahead=None, capacity=1, top_capacity=2)
+    assert (urgent.outcome, urgent.into_headroom) == ("granted", True)  # sent there: at once, past the aged one
+    first = next(entry for entry, tenant in script.tenant_of.items() if tenant == "A")
+    assert await ledger.release(first, 1, 2) == (Grant(aged, into_headroom=False),)  # the lower bands' slot is its
+
+
+async def test_one_sent_in_the_top_band_takes_the_headroom_past_an_aged_head(make_ledger: MakeLedger, clock: FakeClock) -> None:
+    ledger = make_ledger(aging_s=10.0)
+    script = Script(ledger)
+    room = {"capacity": 1, "top_capacity": 2}
+    low, top = script.entry("A", band=1), script.entry("B", band=0)
+    for entry in (low, top):  # the lower bands' one slot, and the headroom
+        assert (await ledger.arrive(entry, max_queue=100, max_ahead=None, **room)).outcome == "granted"
+    aged, urgent = script.entry("C", band=1), script.entry("B", band=0)  # tags 0 and 100: the aged one first in band 0
+    for entry in (aged, urgent):
+        assert (await ledger.arrive(entry, max_queue=100, max_ahead=None, **room)).outcome == "queued"
+    clock.advance(10.0)
+    assert await ledger.release(top.id, **room) == (Grant(urgent.id, into_headroom=True),)  # past the head: it has no room
+    assert await ledger.release(low.id, **room) == (Grant(aged.id, into_headroom=False),)
 
 
 async def test_without_headroom_the_top_band_waits_its_turn(make_ledger: MakeLedger) -> None:
