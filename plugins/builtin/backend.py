@@ -8,7 +8,8 @@
 
 `generate(spec)`: render the chat template (or take the completion prompt), tokenize, submit to
 the engine, and turn its per-step outputs into protocol events: `TextDelta`s per choice, one
-`Finish` per choice, one `Usage`. Closing the event iterator aborts the request in the engine,
+`Finish` per choice, one `Usage`. A template that refuses a system message after the first gets
+them folded into the first (`plugins.builtin.system_turns`). Closing the event iterator aborts the request in the engine,
 which frees its sequences and KV blocks before its next step.
 
 Structured outputs (`structured_outputs`, JSON `response_format`) are compiled into a grammar
@@ -39,6 +40,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,7 @@ from plugins.builtin.embeddings import Dimensions, allowed_dimensions
 from plugins.builtin.embeddings import embed as embed_with_engine
 from plugins.builtin.launch import engine_launch, load_engine, share_engine, start_engine_process
 from plugins.builtin.options import BuiltinOptions, served_name
+from plugins.builtin.system_turns import fold_system_messages
 from plugins.builtin.tools import ToolPlan, finish_of, output_grammar, tool_events
 from plugins.contract.config_types import BackendType
 from plugins.contract.errors import (
@@ -374,9 +377,19 @@ class BuiltinBackend:
 
         try:
             template = self._template(chat_template)
-            return template.render(messages, add_generation_prompt=add_generation_prompt,
-                                   continue_final_message=continue_final_message, tools=tools,
-                                   chat_template_kwargs=chat_template_kwargs)
+            render = partial(template.render, add_generation_prompt=add_generation_prompt,
+                             continue_final_message=continue_final_message, tools=tools,
+                             chat_template_kwargs=chat_template_kwargs)
+            try:
+                return render(messages)
+            except ChatTemplateError as refused:
+                folded = fold_system_messages(messages)  # system turns where the template takes none
+                if folded is None:
+                    raise
+                try:
+                    return render(folded)
+                except ChatTemplateError:
+                    raise refused from None
         except ChatTemplateError as exc:
             raise InvalidRequest(str(exc), param="chat_template" if chat_template else "messages") from exc
 
