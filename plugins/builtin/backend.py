@@ -8,8 +8,9 @@
 
 `generate(spec)`: render the chat template (or take the completion prompt), tokenize, submit to
 the engine, and turn its per-step outputs into protocol events: `TextDelta`s per choice, one
-`Finish` per choice, one `Usage`. A template that refuses a system message after the first gets
-them folded into the first (`plugins.builtin.system_turns`). Closing the event iterator aborts the request in the engine,
+`Finish` per choice, one `Usage`. System messages after the first are folded into the first
+where the template refuses them there, or always (`system_messages = "fold"`;
+`plugins.builtin.system_turns`). Closing the event iterator aborts the request in the engine,
 which frees its sequences and KV blocks before its next step.
 
 Structured outputs (`structured_outputs`, JSON `response_format`) are compiled into a grammar
@@ -380,6 +381,8 @@ class BuiltinBackend:
             render = partial(template.render, add_generation_prompt=add_generation_prompt,
                              continue_final_message=continue_final_message, tools=tools,
                              chat_template_kwargs=chat_template_kwargs)
+            if self.options.system_messages == "fold":
+                messages = fold_system_messages(messages) or messages
             try:
                 return render(messages)
             except ChatTemplateError as refused:

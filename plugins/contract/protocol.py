@@ -113,7 +113,6 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
-    session: str | None = None  # the agent session the client named (Claude Code's session_id, a prompt_cache_key)
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
 

@@ -1,11 +1,15 @@
 """System messages after the first: rendered in place where the chat template takes them, folded
-into the first system message where it refuses them (`plugins.builtin.system_turns`)."""
+into the first system message where it refuses them or the backend says `system_messages =
+"fold"` (`plugins.builtin.system_turns`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 
-from plugins.builtin.backend import BuiltinBackend
+from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
 from plugins.builtin.system_turns import fold_system_messages
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import TokenizeRequest
@@ -51,3 +55,17 @@ def test_a_refusal_folding_does_not_cure_is_the_templates(backend: BuiltinBacken
     refuses_all = "{{ raise_exception('no system messages') }}"
     with pytest.raises(InvalidRequest, match="no system messages"):
         _text(backend, refuses_all, CONVERSATION)
+
+
+def test_folded_always_when_the_backend_says_so(tiny_model_dir: Path) -> None:
+    options = msgspec.convert({"model": str(tiny_model_dir), "served_model_name": "tiny", "num_threads": 1,
+                               "system_messages": "fold"}, BuiltinOptions)
+    folding = BuiltinBackend("folding", options)
+    run(folding.start())
+    try:
+        text = _text(folding, CHATML, CONVERSATION)
+    finally:
+        run(folding.close())
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Environment\ncwd: /tmp<|im_end|>\n<|im_start|>user\n")
+    with pytest.raises(msgspec.ValidationError, match="system_messages"):
+        msgspec.convert({"system_messages": "sometimes"}, BuiltinOptions)
