@@ -55,8 +55,7 @@ async def create_message(request: Request, state: State, beta: Annotated[bool, B
     authorize(request, data.model)
     check_messages(len(data.messages), gateway.config.server.max_messages)
     MESSAGES_FIELDS.screen(data, gateway.metrics.ignored_fields)
-    spec = messages_spec(data, request_id=request.state.request_id, limits=gateway.limits_for(data.model),
-                         headers=request.headers)
+    spec = messages_spec(data, request_id=request.state.request_id, limits=gateway.limits_for(data.model))
     omit = omits_thinking(data)
     try:
         return await answer(request, gateway, spec, partial(open_stream, omit_thinking=omit),

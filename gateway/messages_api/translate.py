@@ -13,8 +13,9 @@ conversation and its tools are `prompt.Prompt`'s; what goes around them is decid
   text (`encode`), the other displays the whole text.
 - `output_config.format` (a JSON schema) is the answer's `response_format`.
 - `metadata.user_id` is the request's `user` (a sticky route's key). Claude Code sends it as a
-  JSON string holding its `session_id` (also its `X-Claude-Code-Session-Id` header): that is the
-  request's `session` (`session_of`).
+  JSON string holding its `session_id`: that is the request's `session` (`session_in_body`; the
+  `X-Claude-Code-Session-Id` header, which carries the same id, is `gateway.http.sessions`'
+  fallback for every API).
 - `anthropic-beta` changes nothing: every beta field above is taken with or without its beta
   name, and no backend here speaks Anthropic's API, so there is no upstream to pass it to.
 """
@@ -22,7 +23,6 @@ conversation and its tools are `prompt.Prompt`'s; what goes around them is decid
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from gateway.messages_api import schemas as M
@@ -31,13 +31,8 @@ from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import RequestSpec, Sampling, TokenizeRequest
 
-SESSION_HEADER = "x-claude-code-session-id"
-
-
-def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimits = RouteLimits(),
-                  headers: Mapping[str, str] | None = None) -> RequestSpec:
-    """The request spec, its `max_tokens` under the route's `limits`; `headers` the client's
-    (lower-case names), for its session."""
+def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimits = RouteLimits()) -> RequestSpec:
+    """The request spec, its `max_tokens` under the route's `limits`."""
     if isinstance(req.thinking, M.ThinkingEnabled) and req.thinking.budget_tokens >= req.max_tokens:
         raise InvalidRequest("`thinking.budget_tokens` must be less than `max_tokens`.", param="thinking.budget_tokens")
     prompt = Prompt.of(req)
@@ -70,7 +65,7 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimit
         parallel_tool_calls=prompt.parallel_tool_calls,
         response_format=_response_format(req.output_config),
         user=req.metadata.user_id if req.metadata is not None else None,
-        session=session_of(req, headers or {}),
+        session=session_in_body(req),
         extensions=frozenset(extensions),
     )
 
@@ -110,20 +105,17 @@ def omits_thinking(req: M._Conversation) -> bool:
     return getattr(req.thinking, "display", None) == "omitted"
 
 
-def session_of(req: M.MessagesRequest | M.CountTokensRequest, headers: Mapping[str, str]) -> str | None:
-    """The agent session the request belongs to: the `session_id` in `metadata.user_id` when that
-    is a JSON object (Claude Code's), else the `X-Claude-Code-Session-Id` header; None for
-    neither."""
-    metadata = getattr(req, "metadata", None)
-    user_id = metadata.user_id if metadata is not None else None
-    if user_id and user_id.startswith("{"):
-        try:
-            session = json.loads(user_id).get("session_id")
-        except (ValueError, AttributeError):
-            session = None
-        if isinstance(session, str) and session:
-            return session
-    return headers.get(SESSION_HEADER) or None
+def session_in_body(req: M.MessagesRequest) -> str | None:
+    """The agent session the body names: the `session_id` in `metadata.user_id` when that is a
+    JSON object (Claude Code's: `{"device_id", "account_uuid", "session_id"}`); None otherwise."""
+    user_id = req.metadata.user_id if req.metadata is not None else None
+    if not user_id or not user_id.startswith("{"):
+        return None
+    try:
+        session = json.loads(user_id).get("session_id")
+    except (ValueError, AttributeError):
+        return None
+    return session if isinstance(session, str) and session else None
 
 
 def _prompt_extensions(prompt: Prompt) -> tuple[str, ...]:

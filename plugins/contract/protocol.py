@@ -89,6 +89,12 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     is set. `extensions` names the extension fields the client actually sent. Kind "embedding"
     carries neither: it routes and accounts an embeddings request, whose inputs go to the
     backend's `embed()` in an `EmbedRequest`; `generate` never sees it.
+
+    `session` names the conversation a coding agent's request belongs to (its turns resend one
+    growing prefix): the body's own id where the API has one (`prompt_cache_key` in chat and
+    Responses, `session_id` in Messages' `metadata.user_id`), else the `X-Claude-Code-Session-Id`
+    or `session-id` header (`gateway.http.sessions`). A routing hint, never part of the prompt:
+    a `sticky` route's `session` key and `prefix_cache`'s session table read it.
     """
 
     request_id: str
@@ -113,6 +119,7 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
+    session: str | None = None  # the agent session it belongs to (see above); None: none said
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
 

@@ -47,9 +47,9 @@ def test_decodes_and_translates(recorded: AgentRequest) -> None:
     MESSAGES_FIELDS.screen(request, ignored)  # nothing Claude Code sends is refused
     counted = {sample.labels["field"] for sample in ignored.collect()[0].samples if sample.name.endswith("_total")}
     assert counted == set(body) & set(MESSAGES_FIELDS.ignored)
-    spec = messages_spec(request, request_id="r", headers=_headers(recorded))
+    spec = messages_spec(request, request_id="r")
 
-    # the session: Claude Code's session id, in the body and in its header
+    # the session: Claude Code's session id, in the body (and in its header)
     assert spec.session == json.loads(body["metadata"]["user_id"])["session_id"] == _headers(recorded)["x-claude-code-session-id"]
     assert spec.user == body["metadata"]["user_id"] and spec.stream is True
     # the conversation: the system blocks first, every system turn in its place

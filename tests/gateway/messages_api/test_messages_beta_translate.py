@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from gateway.messages_api import schemas as M
-from gateway.messages_api.translate import count_tokens_request, messages_spec, omits_thinking, session_of
+from gateway.messages_api.translate import count_tokens_request, messages_spec, omits_thinking
 from plugins.contract.errors import InvalidRequest
 
 ASK = {"role": "user", "content": "hi"}
@@ -21,8 +21,8 @@ def decode(**body):  # noqa: ANN003, ANN201
     return msgspec.json.decode(msgspec.json.encode(body), type=M.MessagesRequest)
 
 
-def spec_of(headers=None, **body):  # noqa: ANN001, ANN003, ANN201
-    return messages_spec(decode(**body), request_id="r", headers=headers)
+def spec_of(**body):  # noqa: ANN003, ANN201
+    return messages_spec(decode(**body), request_id="r")
 
 
 def tool(name: str, **extra) -> dict:  # noqa: ANN003
@@ -147,16 +147,13 @@ def test_tools_added_and_withdrawn_mid_conversation() -> None:
         assert info.value.param == param
 
 
-def test_session_from_claude_codes_user_id_or_header() -> None:
+def test_session_from_claude_codes_user_id() -> None:
     user_id = json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-1"})
-    spec = spec_of(metadata={"user_id": user_id}, headers={"x-claude-code-session-id": "s-header"})
+    spec = spec_of(metadata={"user_id": user_id})
     assert spec.session == "s-1" and spec.user == user_id
-    assert spec_of(metadata={"user_id": "alice"}, headers={"x-claude-code-session-id": "s-2"}).session == "s-2"
-    assert spec_of(metadata={"user_id": "{not json"}).session is None
-    assert spec_of(metadata={"user_id": '{"session_id": 5}'}).session is None
+    for other in ("alice", "{not json", '{"session_id": 5}', '{"session_id": ""}', "[1]"):
+        assert spec_of(metadata={"user_id": other}).session is None, other
     assert spec_of().session is None
-    counted = msgspec.convert({"model": "m", "messages": [ASK]}, M.CountTokensRequest)
-    assert session_of(counted, {"x-claude-code-session-id": "s-3"}) == "s-3"
 
 
 def test_count_tokens_renders_as_create_does() -> None:
