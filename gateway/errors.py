@@ -107,9 +107,30 @@ def error_payload(error: E.SwitchyardError, redact: Callable[[str], str] | None 
     """The status and the OpenAI error object; `redact` scrubs secrets from the message (an
     upstream's message is kept as it is, and an upstream may echo the key it was sent)."""
     status, kind = status_and_type(error)
-    message = error.message if redact is None else redact(error.message)
+    message = context_message(error) if isinstance(error, E.ContextLengthExceeded) else error.message
+    message = message if redact is None else redact(message)
     body = ErrorBody(message=message, type=kind, param=error.param, code=error.code)
     return status, ErrorResponse(error=body)
+
+
+def context_message(error: E.ContextLengthExceeded) -> str:
+    """OpenAI's own wording of a context overflow (clients and people know it), from the numbers
+    the backend told; its own message where it told too few. Legacy completions (`param`
+    "prompt") have their older wording."""
+    limit, prompt, asked = error.max_model_len, error.prompt_tokens, error.max_tokens
+    if limit is None or prompt is None:
+        return error.message
+    completion = 0 if asked is None or prompt >= limit else asked
+    if error.param == "prompt":
+        return (f"This model's maximum context length is {limit} tokens, however you requested {prompt + completion} "
+                f"tokens ({prompt} in your prompt; {completion} for the completion). Please reduce your prompt; "
+                "or completion length.")
+    if not completion:
+        return (f"This model's maximum context length is {limit} tokens. However, your messages resulted in {prompt} "
+                "tokens. Please reduce the length of the messages.")
+    return (f"This model's maximum context length is {limit} tokens. However, you requested {prompt + completion} "
+            f"tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of the "
+            "messages or completion.")
 
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

@@ -479,7 +479,8 @@ def _map_engine_error(exc: BaseException, spec: RequestSpec) -> Exception:
 
     if isinstance(exc, e.ContextLengthExceeded):
         param = "max_tokens" if exc.param == "max_tokens" else ("messages" if spec.kind == "chat" else "prompt")
-        return ContextLengthExceeded(str(exc), param=param)
+        return ContextLengthExceeded(str(exc), param=param, prompt_tokens=exc.num_prompt_tokens,
+                                     max_model_len=exc.max_model_len, max_tokens=exc.max_tokens)
     if isinstance(exc, e.InvalidRequestError):
         return InvalidRequest(str(exc), param=exc.param)
     if isinstance(exc, e.QueueFull):

@@ -25,13 +25,16 @@ class InvalidRequest(SwitchyardError):
 class ContextLengthExceeded(InvalidRequest):
     """Prompt plus requested output does not fit the model's context. `prompt_tokens` and
     `max_model_len`, where the backend can tell them, let each wire API word it as its clients
-    expect (Anthropic's `prompt is too long: N tokens > M maximum`)."""
+    expect (Anthropic's `prompt is too long: N tokens > M maximum`) and a route that clamps
+    `max_tokens` fit the output into the context left; `max_tokens`: the output the request asked
+    for, where the backend tells it."""
 
     def __init__(self, message: str, *, param: str | None = "messages", prompt_tokens: int | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, max_tokens: int | None = None) -> None:
         super().__init__(message, param=param, code="context_length_exceeded")
         self.prompt_tokens = prompt_tokens
         self.max_model_len = max_model_len
+        self.max_tokens = max_tokens
 
 
 class AuthenticationFailed(SwitchyardError):

@@ -31,6 +31,13 @@ _OVERFLOW = re.compile(
     re.IGNORECASE,
 )
 _OUTPUT_PARAMS = frozenset({"max_tokens", "max_completion_tokens", "n_predict"})
+# the numbers in the servers' own wordings: vLLM ("maximum context length is 512 tokens. However,
+# your prompt contains at least 513 input tokens"; "max_tokens=600 cannot be greater than
+# max_model_len=512"), OpenAI ("your messages resulted in N tokens"; "you requested N tokens (P in
+# the messages, C in the completion)"), Anthropic ("prompt is too long: N tokens > M maximum")
+_CONTEXT = re.compile(r"maximum context length is (\d+) tokens|max_model_len=(\d+)|tokens? > (\d+) maximum")
+_PROMPT = re.compile(r"(\d+) input tokens|messages resulted in (\d+) tokens|\((\d+) in the messages|too long: (\d+) tokens")
+_ASKED = re.compile(r"max_tokens=(\d+)|(\d+) in the completion")
 
 
 def _error_fields(payload: Any) -> tuple[str, str | None, str | None]:
@@ -70,7 +77,7 @@ def map_upstream_error(status: int, payload: Any, *, backend: str, spec: Request
             where = "max_tokens"
         else:
             where = "prompt" if spec is not None and spec.kind == "completion" else "messages"
-        return ContextLengthExceeded(message, param=where)
+        return ContextLengthExceeded(message, param=where, **_context_numbers(message, payload))
     if status == 429:
         return UpstreamError(message, kind="rate_limited", upstream_status=429)
     if status in (401, 403):
@@ -91,6 +98,25 @@ def map_upstream_error(status: int, payload: Any, *, backend: str, spec: Request
         return UpstreamError(message, kind="upstream_status", upstream_status=status)
     return UpstreamError(f"Backend `{backend}` answered HTTP {status}: {message}", kind="bad_gateway",
                          upstream_status=status)
+
+
+def _first_number(pattern: re.Pattern[str], message: str) -> int | None:
+    match = pattern.search(message)
+    return None if match is None else int(next(g for g in match.groups() if g is not None))
+
+
+def _context_numbers(message: str, payload: Any) -> dict[str, int | None]:
+    """The prompt's tokens, the model's context and the output asked for, as far as the upstream's
+    error tells them: llama.cpp's `n_prompt_tokens` / `n_ctx` fields, else its message. (vLLM
+    counts an over-long prompt only up to `max_model_len + 1` tokens: its "at least N".)"""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    fields = err if isinstance(err, dict) else {}
+    prompt, context = fields.get("n_prompt_tokens"), fields.get("n_ctx")
+    return {
+        "prompt_tokens": prompt if isinstance(prompt, int) else _first_number(_PROMPT, message),
+        "max_model_len": context if isinstance(context, int) else _first_number(_CONTEXT, message),
+        "max_tokens": _first_number(_ASKED, message),
+    }
 
 
 def error_from_body(status: int, body: bytes, *, backend: str, spec: RequestSpec | None = None) -> SwitchyardError:

@@ -191,7 +191,8 @@ def _maybe_fail_early(words: list[str], prompt_tokens: int, spec: RequestSpec, m
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens; the request has {prompt_tokens} "
             f"prompt tokens and asks for {spec.sampling.max_tokens or 0} more.",
-            prompt_tokens=prompt_tokens, max_model_len=max_model_len,
+            param="prompt" if spec.kind == "completion" else "messages", prompt_tokens=prompt_tokens,
+            max_model_len=max_model_len, max_tokens=spec.sampling.max_tokens,
         )
 
 

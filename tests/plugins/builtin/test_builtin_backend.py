@@ -151,6 +151,8 @@ def test_errors_before_scheduling(backend: BuiltinBackend) -> None:
     with pytest.raises(ContextLengthExceeded, match="2048") as info:
         run(events_of(backend, spec(sampling=Sampling(max_tokens=5000))))
     assert info.value.param == "max_tokens" and info.value.code == "context_length_exceeded"
+    prompt = len(run(backend.tokenize(TokenizeRequest(upstream_model=spec().upstream_model, messages=MESSAGES))).tokens)
+    assert (info.value.prompt_tokens, info.value.max_model_len, info.value.max_tokens) == (prompt, 2048, 5000)
     with pytest.raises(InvalidRequest) as info:
         run(events_of(backend, spec(chat_template="{% if %}")))
     assert info.value.param == "chat_template"

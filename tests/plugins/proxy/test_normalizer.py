@@ -4,6 +4,7 @@ real vLLM and llama.cpp servers sent (tests/recordings)."""
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 import pytest
@@ -177,9 +178,32 @@ def test_prompt_too_long_is_context_length_exceeded(rec: Recording) -> None:
     assert payload.error.type == "invalid_request_error"
 
 
+@pytest.mark.parametrize("rec", [r for r in recorded() if r.name == "chat_prompt_too_long"]
+                         + [find("vllm", "16_prompt_too_long"), find("llamacpp", "10_prompt_too_long")],
+                         ids=lambda r: r.id)
+def test_the_overflow_carries_the_numbers_the_upstream_told(rec: Recording) -> None:
+    """llama.cpp's `n_prompt_tokens` / `n_ctx`; vLLM's context and prompt (its `value`) in words;
+    the client sees OpenAI's wording of them."""
+    error = _error(rec)
+    assert isinstance(error, ContextLengthExceeded)
+    told = json.loads(rec.body)["error"]
+    if "n_ctx" in told:
+        assert (error.prompt_tokens, error.max_model_len) == (told["n_prompt_tokens"], told["n_ctx"])
+    else:
+        assert error.prompt_tokens == int(re.search(r"value=(\d+)", told["message"])[1])
+        assert error.max_model_len is not None and f"context length is {error.max_model_len} tokens" in told["message"]
+    assert error.prompt_tokens > error.max_model_len
+    assert error_payload(error)[1].error.message == (
+        f"This model's maximum context length is {error.max_model_len} tokens. However, your messages resulted in "
+        f"{error.prompt_tokens} tokens. Please reduce the length of the messages.")
+
+
 def test_vllm_max_tokens_over_context() -> None:
-    error = _error(find("vllm", "16c_max_tokens_over_ctx"))
+    rec = find("vllm", "16c_max_tokens_over_ctx")
+    error = _error(rec)
     assert isinstance(error, ContextLengthExceeded) and error.param == "max_tokens"
+    assert (error.prompt_tokens, error.max_model_len, error.max_tokens) == (None, 512, 100000)
+    assert error_payload(error)[1].error.message == json.loads(rec.body)["error"]["message"]  # too little for OpenAI's
 
 
 def test_vllm_error_inside_a_200_stream() -> None:
