@@ -34,15 +34,16 @@ def error_response(status: int, message: str) -> M.ErrorResponse:
 
 
 def overflow_message(error: ContextLengthExceeded, max_tokens: int | None, said: str | None = None) -> str:
-    """Anthropic's words for a prompt (and `max_tokens`) that does not fit the model's context;
-    where the backend could not tell the numbers, its own words (`said`: as the client may read
-    them, redacted) after `prompt is too long: `."""
+    """Anthropic's words for a prompt (and `max_tokens`: the backend's figure, else the request's)
+    that does not fit the model's context; where the backend could not tell the numbers, its own
+    words (`said`: as the client may read them, redacted) after `prompt is too long: `."""
     prompt, context = error.prompt_tokens, error.max_model_len
     if prompt is None or context is None:
         said = error.message if said is None else said
         return said if said.startswith("prompt is too long") else f"prompt is too long: {said}"
     if prompt > context:
         return f"prompt is too long: {prompt} tokens > {context} maximum"
+    max_tokens = error.max_tokens if error.max_tokens is not None else max_tokens
     if max_tokens is not None:
         return (f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > {context}, "
                 "decrease input length or `max_tokens` and try again")
@@ -50,8 +51,8 @@ def overflow_message(error: ContextLengthExceeded, max_tokens: int | None, said:
 
 
 def in_anthropic_words(error: ContextLengthExceeded, max_tokens: int | None) -> ContextLengthExceeded:
-    """The same error (status, param, numbers), its message in Anthropic's words."""
-    worded = ContextLengthExceeded(overflow_message(error, max_tokens), param=error.param,
-                                   prompt_tokens=error.prompt_tokens, max_model_len=error.max_model_len)
+    """The same error (status, param), its message in Anthropic's words and final: the numbers
+    stay on `error`, so that nothing words the message again from them."""
+    worded = ContextLengthExceeded(overflow_message(error, max_tokens), param=error.param)
     worded.__cause__ = error
     return worded
