@@ -10,7 +10,7 @@
 the engine, and turn its per-step outputs into protocol events: `TextDelta`s per choice, one
 `Finish` per choice, one `Usage`. System messages after the first are folded into the first
 where the template refuses them there, or always (`system_messages = "fold"`;
-`plugins.builtin.system_turns`). Closing the event iterator aborts the request in the engine,
+`plugins.contract.system_turns`). Closing the event iterator aborts the request in the engine,
 which frees its sequences and KV blocks before its next step.
 
 Structured outputs (`structured_outputs`, JSON `response_format`) are compiled into a grammar
@@ -51,7 +51,6 @@ from plugins.builtin.embeddings import Dimensions, allowed_dimensions
 from plugins.builtin.embeddings import embed as embed_with_engine
 from plugins.builtin.launch import engine_launch, load_engine, share_engine, start_engine_process
 from plugins.builtin.options import BuiltinOptions, served_name
-from plugins.builtin.system_turns import fold_system_messages
 from plugins.builtin.tools import ToolPlan, finish_of, output_grammar, tool_events
 from plugins.contract.config_types import BackendType
 from plugins.contract.errors import (
@@ -63,6 +62,7 @@ from plugins.contract.errors import (
     UpstreamError,
 )
 from plugins.contract.hookspecs import hookimpl
+from plugins.contract.system_turns import fold_system_messages, system_messages_as
 from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
@@ -381,8 +381,7 @@ class BuiltinBackend:
             render = partial(template.render, add_generation_prompt=add_generation_prompt,
                              continue_final_message=continue_final_message, tools=tools,
                              chat_template_kwargs=chat_template_kwargs)
-            if self.options.system_messages == "fold":
-                messages = fold_system_messages(messages) or messages
+            messages = system_messages_as(self.options.system_messages, messages)
             try:
                 return render(messages)
             except ChatTemplateError as refused:

@@ -4,9 +4,14 @@ delays and cancel log) plus what a real engine also produces:
 
 - `THINK a b c ANSWER x y`: reasoning `a b c` (ReasoningDelta events), then the text `x y`;
 - `CALL <tool> <word>`: a call of `<tool>` with arguments `{"city": "<word>"}`, sent in two
-  fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM);
+  fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM).
+  `<word>` may be a JSON object written without spaces (`CALL Read {"file_path":"/tmp/a"}`):
+  those are the arguments. `CALL` may stand anywhere in the text (an agent CLI puts its own
+  reminders before the user's words);
 - a word that is one of the request's stop strings ends the text, and `Finish` names it;
 - a `tool` message last: the answer is `result: <its content>`;
+- the script is read from the last message that is not a system message (an agent CLI's
+  environment turn may follow the user's);
 - `embed()`: each input's vector is a fixed function of its text (or token ids), unit length,
   `dimensions` long when asked (the vector's first components, renormalized), 8 by default.
 """
@@ -56,7 +61,7 @@ class ScriptBackend(EchoBackend):
 
     def script(self, spec: RequestSpec) -> list[Event]:
         """Every event but the usage, in order."""
-        last = (spec.messages or [{}])[-1]
+        last = next((m for m in reversed(spec.messages or []) if m.get("role") != "system"), {})
         content = last.get("content") or ""
         if isinstance(content, list):
             content = " ".join(p.get("text", "") for p in content)
@@ -68,11 +73,18 @@ class ScriptBackend(EchoBackend):
             cut = words.index("ANSWER") if "ANSWER" in words else len(words)
             events += [ReasoningDelta(text=w if i == 0 else " " + w) for i, w in enumerate(words[1:cut])]
             words = words[cut + 1:]
-        if words[:1] == ["CALL"] and len(words) >= 3:
+        at = words.index("CALL") if "CALL" in words and last.get("role") != "tool" else -1
+        if at >= 0 and len(words) >= at + 3:
             named = isinstance(spec.tool_choice, dict)
+            tool, argument = words[at + 1], words[at + 2]
+            if argument.startswith("{"):
+                call_id = "call_" + hashlib.sha256(argument.encode()).hexdigest()[:12]
+                first, rest = argument[: len(argument) // 2], argument[len(argument) // 2:]
+            else:
+                call_id, first, rest = "call_" + argument.lower(), '{"city": ', msgspec.json.encode(argument).decode() + "}"
             events += [
-                ToolCallDelta(tool_index=0, id="call_" + words[2].lower(), name=words[1], arguments='{"city": '),
-                ToolCallDelta(tool_index=0, arguments=msgspec.json.encode(words[2]).decode() + "}"),
+                ToolCallDelta(tool_index=0, id=call_id, name=tool, arguments=first),
+                ToolCallDelta(tool_index=0, arguments=rest),
                 Finish(reason="stop" if named else "tool_calls"),
             ]
             return events

@@ -30,16 +30,16 @@ OVER_CONTEXT = re.compile(r"^input length and `max_tokens` exceed context limit:
                           r"decrease input length or `max_tokens` and try again$")
 
 
-def claude_code_request(last: str, **extra: object) -> dict:
-    """A request shaped as Claude Code 2.1.332 sends it (tests/recordings/agents/), ending with
-    a system turn whose text the scripted backend plays."""
+def claude_code_request(said: str, **extra: object) -> dict:
+    """A request shaped as Claude Code 2.1.332 sends it (tests/recordings/agents/): the user's
+    words (`said`, which the scripted backend plays back), then a system turn."""
     return {
         "model": "claude-agent", "max_tokens": 32000, "stream": True,
         "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.b81; cc_entrypoint=sdk-cli;"},
                    {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>r</system-reminder>"},
-                                                  {"type": "text", "text": "Name a colour."}]},
-                     {"role": "system", "content": [{"type": "text", "text": last, "cache_control": {"type": "ephemeral"}}]}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": said}]},
+                     {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /tmp",
+                                                     "cache_control": {"type": "ephemeral"}}]}],
         "tools": [READ, DEFERRED], "metadata": {"user_id": USER_ID},
         "thinking": {"type": "adaptive", "display": "updates"},
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},

@@ -1,6 +1,6 @@
 """System messages after the first: rendered in place where the chat template takes them, folded
 into the first system message where it refuses them or the backend says `system_messages =
-"fold"` (`plugins.builtin.system_turns`)."""
+"fold"` (`plugins.contract.system_turns`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from plugins.builtin.backend import BuiltinBackend, BuiltinOptions
-from plugins.builtin.system_turns import fold_system_messages
+from plugins.contract.system_turns import fold_system_messages
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import TokenizeRequest
 from tests.plugins.builtin.conftest import run
