@@ -31,6 +31,7 @@ class Router:
     version: str
     command: tuple[str, ...]  # relative to the venv's bin/: how to start it
     quiet: str  # its --log-level for warnings and errors only
+    metrics_port_flag: str | None = None  # the flag that moves its metrics exporter's port
 
     @property
     def home(self) -> Path:
@@ -47,8 +48,11 @@ class Router:
 
     def argv(self, port: int, workers: list[str], policy: str) -> list[str]:
         first, *rest = self.command
-        return [str(self.bin / first), *rest, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+        argv = [str(self.bin / first), *rest, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
                 "--policy", policy, "--log-level", self.quiet]
+        if self.metrics_port_flag:  # its Prometheus exporter on a free port, not a fixed one another router may hold
+            argv += [self.metrics_port_flag, str(_free_port())]
+        return argv
 
     def install(self) -> None:
         if self.installed():
@@ -60,9 +64,17 @@ class Router:
 
 
 ROUTERS = {
-    "sglang-router": Router("sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "warn"),
+    "sglang-router": Router("sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "warn", "--prometheus-port"),
     "vllm-router": Router("vllm-router", "0.1.17", ("vllm-router",), "warning"),
 }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Real inference servers the proxy backends front: installed once per machine, started on demand.
 
-- `engines.install`: `python -m engines.install vllm|llamacpp|gguf|all` builds or installs each
-  engine into a cache directory keyed by its pinned version (idempotent, locked, atomic).
+- `engines.install`: `python -m engines.install <what>|all|status` builds or installs each engine
+  and tool (llama.cpp, vLLM, the GGUF, Redis, nginx, kubectl, podman, the agent CLIs) into a cache
+  directory keyed by its pinned version (idempotent, locked, atomic); one module per step.
 - `engines.launch`: start a server on a free loopback port, wait for `/health`, stop it by PID.
 
 Nothing here imports the gateway or the plugins; plugins import `engines.launch` lazily when a

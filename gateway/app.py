@@ -12,7 +12,6 @@ from litestar.config.app import AppConfig
 from litestar.datastructures import ResponseHeader, State
 from litestar.exceptions import ValidationException
 from litestar.openapi import OpenAPIConfig
-from litestar.params import FromPath
 
 from gateway.chat_api import handlers as chat_api
 from gateway.chat_api import schemas as S
@@ -23,9 +22,10 @@ from gateway.error_handlers import EXCEPTION_HANDLERS, handle_switchyard_error
 from gateway.errors import ShuttingDown, from_decode_error
 from gateway.http.common import authorize, decode_body, resolve_for_tokens, response_headers
 from gateway.ids import request_id_from
-from gateway.keys.keyring import ClientKey, KeyRing, authorization_of
+from gateway.keys.keyring import KeyRing, authorization_of
 from gateway.keys.usage import keys_usage
 from gateway.messages_api import handlers as messages_api
+from gateway.model_cards import get_model, list_models
 from gateway.openapi import SchemaPlugin
 from gateway.responses_api import handlers as responses_api
 from gateway.service.admission import check_messages
@@ -70,28 +70,6 @@ def _validation_error(request: Request, exc: ValidationException) -> Response:
     else:
         error = InvalidRequest(str(exc.detail))
     return handle_switchyard_error(request, error)
-
-
-@get("/v1/models", summary="List the models this gateway serves.")
-async def list_models(request: Request, state: State) -> Response:
-    gateway = _gateway(state)
-    key: ClientKey | None = request.state.client_key
-    cards = [_card(gateway, name) for name in gateway.routes if key is None or key.may_use(name)]
-    return Response(content=msgspec.json.encode(S.ModelList(data=cards)), media_type="application/json", headers=response_headers(request))
-
-
-@get("/v1/models/{model_id:path}", summary="Describe one model.")
-async def get_model(request: Request, state: State, model_id: FromPath[str]) -> Response:
-    name = model_id.lstrip("/")
-    authorize(request, name)
-    card = _card(_gateway(state), name)
-    return Response(content=msgspec.json.encode(card), media_type="application/json", headers=response_headers(request))
-
-
-def _card(gateway: Gateway, name: str) -> S.ModelCard:
-    route, max_model_len = gateway.model_card(name)
-    owner = gateway.backends[route.targets[0].backend].name if len(route.targets) == 1 else "switchyard"
-    return S.ModelCard(id=name, created=gateway.created, owned_by=owner, max_model_len=max_model_len)
 
 
 @post("/tokenize", status_code=200, summary="Tokenize a prompt or chat messages (vLLM's shape).")

@@ -39,6 +39,10 @@ class KeyConfig(_Config):
     max_parallel: Annotated[int, Meta(ge=1)] | None = None  # requests in flight at once
     budget_tokens: Annotated[int, Meta(ge=1)] | None = None  # tokens per `budget_period`
     budget_period: Literal["day", "month"] | None = None  # calendar day (default) or month, UTC
+    # flow control (`[server.flow_control]`): the key's share of a full backend against the
+    # other keys, and the `priority` of its requests that send none (None: 0)
+    weight: Annotated[float, Meta(gt=0.0)] = 1.0
+    priority: int | None = None
 
     @property
     def has_limits(self) -> bool:
@@ -46,6 +50,42 @@ class KeyConfig(_Config):
 
     def __repr__(self) -> str:  # never show a key
         return f"KeyConfig(name={self.name!r}, key={'***' if self.key else None}, key_env={self.key_env!r}, routes={self.routes!r})"
+
+
+class FlowControlConfig(_Config):
+    """`[server.flow_control]`: the queue each backend opens when it is full (gateway/flow_control)."""
+
+    enabled: bool = False
+    # who a request counts against in the fair order: the client key's `name`, the request's
+    # `user`, its agent session, or any header (`header:x-tenant`); without one: its key
+    tenant: Annotated[str, Meta(pattern=r"^(key|user|session|header:[A-Za-z0-9_-]+)$")] = "key"
+    # `priority` (lower is served earlier) to band: band i holds the priorities below edge i and
+    # at or above edge i-1; [0, 1]: negative = band 0 (first), 0 = band 1, positive = band 2
+    band_edges: tuple[int, ...] = (0, 1)
+    # a waiting request rises one band per `aging_s` waited; 0: bands are strict
+    aging_s: Annotated[float, Meta(ge=0.0)] = 30.0
+    # what a request may say about its own priority: "honour" it, "lower_only" (only ask to be
+    # served later than its key's `priority`), or "ignore" it
+    client_priority: Literal["honour", "lower_only", "ignore"] = "honour"
+    max_queue: Annotated[int, Meta(ge=0)] = 1024  # waiting requests per backend (all workers with `state`)
+    queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 60.0  # the longest wait; then 429 with Retry-After
+    # the time-to-first-token objective of routes without their own; None: no SLO shedding
+    ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None
+    # a request's cost is its prompt's estimated tokens plus its `max_tokens` up to this (0: all of it)
+    output_tokens_cap: Annotated[int, Meta(ge=0)] = 1024
+    rate_smoothing: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.2  # how far each completion moves the service rate
+    # while requests wait: how often capacity is re-read (and, with `state`, other workers' grants collected)
+    poll_interval_s: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
+
+
+class BackendFlowConfig(_Config):
+    """`[backends.flow_control]`: one backend's slots and queue bounds (None: the server's)."""
+
+    # requests each replica runs at once; None: the backend's `max_concurrent`, else the
+    # engines' own reports (a replica reporting a queue of its own is full)
+    replica_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    max_queue: Annotated[int, Meta(ge=0)] | None = None
+    queue_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
 
 
 class ServerConfig(_Config):
@@ -66,6 +106,11 @@ class ServerConfig(_Config):
     # what a request that asks for no `max_tokens` gets (at most `max_tokens`); None: the cap,
     # or no limit without one. A route's own `default_max_tokens` overrides it.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # an output limit over `max_tokens` (or the model's context): "reject" answers a 400 naming
+    # the field; "clamp" lowers it to the cap and to the context left after the prompt, says so
+    # in `x-switchyard-max-tokens-clamped`, and the answer ends with the API's length reason.
+    # A route's own `over_max_tokens` overrides it.
+    over_max_tokens: Literal["reject", "clamp"] = "reject"
     # the field(s) chat completions carry the model's thinking in: "reasoning" (vLLM >= 0.10),
     # "reasoning_content" (DeepSeek, llama.cpp, older vLLM) or "both"
     reasoning_field: Literal["reasoning", "reasoning_content", "both"] = "both"
@@ -92,6 +137,14 @@ class ServerConfig(_Config):
     state: Annotated[str, Meta(pattern=r"^rediss?://")] | None = None
     on_state_error: Literal["allow", "deny"] = "allow"
     state_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
+    flow_control: FlowControlConfig = msgspec.field(default_factory=FlowControlConfig)
+    # Responses tools OpenAI runs on its side (web_search, file_search, code_interpreter, mcp...),
+    # which no engine here can run: "drop" leaves them out (named in `x-switchyard-dropped-tools`),
+    # "reject" answers 400. A route's own value overrides it.
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    # take Claude Code's `x-anthropic-billing-header: ...` line out of system prompts before
+    # they are rendered (gateway/http/billing_header.py); a route's own value overrides it
+    strip_billing_header: bool = True
 
     def __repr__(self) -> str:  # never show a key
         shown = {f: getattr(self, f) for f in self.__struct_fields__}
@@ -118,6 +171,7 @@ class BackendConfig(_Config):
     max_concurrent: Annotated[int, Meta(ge=1)] | None = None
     max_queue: Annotated[int, Meta(ge=0)] = 0
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] = 30.0
+    flow_control: BackendFlowConfig | None = None  # with `[server.flow_control]` on
 
     def __repr__(self) -> str:  # never show an upstream key
         options = {k: "***" if k == "api_key" and v else v for k, v in self.options.items()}
@@ -141,8 +195,11 @@ class ShadowConfig(_Config):
 
 
 class RouteConfig(_Config):
-    name: str
+    name: str  # the model name clients send; a glob (`claude-*`) matches many and is not listed
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    # more names this route answers to: exact names, or globs (`gpt-*-codex`) tried in declared
+    # order after every exact name (gateway.service.model_names)
+    aliases: list[Annotated[str, Meta(min_length=1)]] = []
     strategy: str = "weighted"
     options: dict[str, Any] = {}
     # targets one request may try before its error goes to the client (only failures before the
@@ -151,7 +208,11 @@ class RouteConfig(_Config):
     shadow: ShadowConfig | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.max_tokens`
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None  # default: `server.default_max_tokens`
+    over_max_tokens: Literal["reject", "clamp"] | None = None  # default: `server.over_max_tokens`
     request_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None  # default: `server.request_timeout_s`
+    ttft_slo_ms: Annotated[int, Meta(ge=1)] | None = None  # default: `server.flow_control.ttft_slo_ms`
+    hosted_tools: Literal["drop", "reject"] | None = None  # default: `server.hosted_tools`
+    strip_billing_header: bool | None = None  # default: `server.strip_billing_header`
 
 
 class TelemetryConfig(_Config):
@@ -170,6 +231,9 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "switchyard:response:"
     ttl_s: float | None = None  # stored responses older than this are gone; None: kept
+    # the key that seals reasoning items' `encrypted_content` (responses_api/reasoning_seal.py);
+    # made on first start, shared by the workers; replicas share the file to read each other's
+    reasoning_key_file: str = "~/.cache/switchyard/reasoning.key"
 
 
 class Config(_Config):
@@ -228,6 +292,7 @@ def parse_config(text: str, source: str) -> Config:
     _check_output_caps(config, source)
     check_store_config(config.responses, source)
     _check_keys(config, source)
+    _check_flow_control(config.server.flow_control, source)
     env_keys = [k.strip() for k in os.environ.get("SWITCHYARD_API_KEYS", "").split(",") if k.strip()]
     server = msgspec.structs.replace(config.server, api_keys=[*config.server.api_keys, *env_keys])
     return msgspec.structs.replace(config, server=server, source=source)
@@ -242,6 +307,8 @@ def check_store_config(config: StoreConfig, source: str) -> None:
         raise ConfigError(f"{source}: not a redis:// URL at `responses.redis_url`", param="responses.redis_url")
     if config.ttl_s is not None and config.ttl_s <= 0:
         raise ConfigError(f"{source}: must be above 0 at `responses.ttl_s`", param="responses.ttl_s")
+    if not config.reasoning_key_file.strip():
+        raise ConfigError(f"{source}: empty path at `responses.reasoning_key_file`", param="responses.reasoning_key_file")
 
 
 def load_config(path: str | Path) -> Config:
@@ -312,6 +379,15 @@ def _check_keys(config: Config, source: str) -> None:
                 f"{source}: the environment variable {entry.key_env!r} named at `{where}.key_env` is not set",
                 param=f"{where}.key_env",
             )
+
+
+def _check_flow_control(flow: FlowControlConfig, source: str) -> None:
+    """What msgspec's constraints cannot say: the band edges ascend strictly, at most 16 bands."""
+    edges, where = flow.band_edges, "server.flow_control.band_edges"
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ConfigError(f"{source}: `band_edges` must ascend strictly, got {list(edges)} at `{where}`", param=where)
+    if len(edges) > 15:
+        raise ConfigError(f"{source}: at most 15 `band_edges` (16 bands), got {len(edges)} at `{where}`", param=where)
 
 
 def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
 from plugins.contract import errors as E
+
+RETRY_AFTER_S = 1.0  # what a refusal without a better estimate tells the client to wait
 
 
 class DeadlineExceeded(E.SwitchyardError):
@@ -43,6 +46,20 @@ class KeyLimitExceeded(E.Overloaded):
 
 class BudgetExhausted(KeyLimitExceeded):
     """A client key has used its token budget for the period (429 `insufficient_quota`)."""
+
+
+class QueueShed(E.Overloaded):
+    """A request a full backend's queue (`gateway.flow_control`) will not serve (429 with
+    `Retry-After`; a `fallback` route tries its next target): the queue is full, the request is
+    predicted to start later than its route's `ttft_slo_ms`, or it waited `queue_timeout_s`
+    without a slot."""
+
+    CODES = {"queue_full": "queue_full", "slo": "queue_wait_over_slo", "timeout": "queue_timeout"}
+
+    def __init__(self, message: str, *, reason: Literal["queue_full", "slo", "timeout"], retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.reason = reason
+        self.code = self.CODES[reason]
 
 
 class StateUnavailable(E.SwitchyardError):

@@ -24,26 +24,31 @@ from gateway.chat_api import schemas as S
 from gateway.embeddings_api import schemas as E
 from gateway.errors import ErrorResponse
 from gateway.messages_api import schemas as M
+from gateway.model_cards import AnthropicModel, AnthropicModelList, CodexModelList
+from gateway.http.fields import FieldTable
+from gateway.responses_api import response_schemas as RO
 from gateway.responses_api import schemas as R
+from gateway.responses_api.fields import RESPONSES_FIELDS
 
 REF = "#/components/schemas/{name}"
 # Anthropic's structs are named as Anthropic names them (`Tool`, `ErrorResponse`...): in the
 # document they carry this prefix, apart from OpenAI's of the same name
 ANTHROPIC = "Anthropic"
 
-# (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event)
+# (path, method) -> media type -> the struct of a 200 body (for `text/event-stream`: of one event;
+# a tuple: one of them, by what the client says it is)
 SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/chat/completions", "post"): {"application/json": S.ChatCompletion, "text/event-stream": S.ChatCompletionChunk},
     ("/v1/completions", "post"): {"application/json": S.Completion, "text/event-stream": S.CompletionChunk},
     ("/v1/messages", "post"): {"application/json": M.MessageResponse, "text/event-stream": M.StreamEvent},
     ("/v1/messages/count_tokens", "post"): {"application/json": M.TokenCount},
     ("/v1/embeddings", "post"): {"application/json": E.EmbeddingsResponse},
-    ("/v1/responses", "post"): {"application/json": R.Response, "text/event-stream": R.StreamEvent},
-    ("/v1/responses/{response_id}", "get"): {"application/json": R.Response},
-    ("/v1/responses/{response_id}", "delete"): {"application/json": R.DeletedResponse},
-    ("/v1/responses/{response_id}/cancel", "post"): {"application/json": R.Response},
-    ("/v1/models", "get"): {"application/json": S.ModelList},
-    ("/v1/models/{model_id}", "get"): {"application/json": S.ModelCard},
+    ("/v1/responses", "post"): {"application/json": RO.Response, "text/event-stream": RO.StreamEvent},
+    ("/v1/responses/{response_id}", "get"): {"application/json": RO.Response},
+    ("/v1/responses/{response_id}", "delete"): {"application/json": RO.DeletedResponse},
+    ("/v1/responses/{response_id}/cancel", "post"): {"application/json": RO.Response},
+    ("/v1/models", "get"): {"application/json": (S.ModelList, AnthropicModelList, CodexModelList)},
+    ("/v1/models/{model_id}", "get"): {"application/json": (S.ModelCard, AnthropicModel)},
     ("/tokenize", "post"): {"application/json": S.TokenizeResponse},
     ("/detokenize", "post"): {"application/json": S.DetokenizeResponse},
     ("/switchyard/render", "post"): {"application/json": S.RenderResponse},
@@ -64,6 +69,22 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("/switchyard/render", "post"): S.RenderBody,
 }
 REQUESTS = tuple(REQUEST_BODIES.values())
+# request fields decoded in two steps (the struct takes objects, each then converted strictly by
+# its `type`): (struct, field) -> the structs its items are
+ITEM_STRUCTS: dict[tuple[type[msgspec.Struct], str], tuple[type[msgspec.Struct], ...]] = {
+    (R.ResponsesRequest, "input"): tuple(R.INPUT_ITEMS.values()),
+}
+# what each API's request struct refuses (`gateway.http.fields`): only null, in the document
+FIELD_TABLES: tuple[FieldTable, ...] = (RESPONSES_FIELDS,)
+# structs decoded only to be refused with a clear 400: no reference to them in the document
+REFUSED_STRUCTS: tuple[type[msgspec.Struct], ...] = (*R.REFUSED_PARTS, *R.HOSTED_CHOICES)
+# rules between fields of one request, as JSON Schema keywords on the request's schema
+CROSS_FIELD: dict[type[msgspec.Struct], dict[str, Any]] = {
+    R.ResponsesRequest: {  # `stream_options` only with `stream: true` (`translate.check_request`)
+        "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+        "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+    },
+}
 
 # every status an API operation may answer with besides 200, and why
 ERRORS = {
@@ -119,7 +140,7 @@ def _stream_event(chunk: type) -> dict[str, Any]:
 
 def _typed_stream_event() -> dict[str, Any]:
     """One event of a Responses stream: `event` names its `type`; `data` is the event as JSON."""
-    members = [{"$ref": REF.format(name=t.__name__)} for t in R.StreamEvent.__args__]  # type: ignore[attr-defined]
+    members = [{"$ref": REF.format(name=t.__name__)} for t in RO.StreamEvent.__args__]  # type: ignore[attr-defined]
     return {
         "type": "object",
         "required": ["event", "data"],
@@ -131,10 +152,12 @@ def _typed_stream_event() -> dict[str, Any]:
 
 
 def components() -> dict[str, Any]:
-    structs: list[Any] = [*REQUESTS, ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, R.StreamEvent,
+    structs: list[Any] = [*REQUESTS, ErrorResponse, S.HealthStatus, S.ChatCompletionChunk, S.CompletionChunk, RO.StreamEvent,
                           M.ErrorResponse]
-    structs += [t for media in SUCCESS.values() for t in media.values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]
+    bodies = [t for media in SUCCESS.values() for body in media.values() for t in (body if isinstance(body, tuple) else (body,))]
+    structs += [t for t in bodies if isinstance(t, type) and issubclass(t, msgspec.Struct)]
     structs += list(M.StreamEvent.__args__)
+    structs += [item for items in ITEM_STRUCTS.values() for item in items]
     structs = list(dict.fromkeys(structs))
     anthropic = [t for t in structs if t.__module__ == M.__name__]
     _, defs = msgspec.json.schema_components([t for t in structs if t not in anthropic], ref_template=REF)
@@ -144,7 +167,45 @@ def components() -> dict[str, Any]:
         for prop in schema.get("properties", {}).values():
             _hoist_bounds(prop)
     _loosen_lone_tags(defs)
+    _exact_requests(defs)
     return defs
+
+
+def _exact_requests(defs: dict[str, Any]) -> None:
+    """What the structs alone cannot say of the requests: the items of fields decoded in two
+    steps (`ITEM_STRUCTS`), the fields each API refuses (`FIELD_TABLES`: null only), the
+    structs decoded only to be refused (`REFUSED_STRUCTS`) and rules between fields (`CROSS_FIELD`)."""
+    for (struct, field), items in ITEM_STRUCTS.items():
+        prop = defs[_name(struct)]["properties"][field]
+        for branch in prop.get("anyOf", [prop]):
+            if branch.get("type") == "array":
+                branch["items"] = {"anyOf": [{"$ref": REF.format(name=_name(item))} for item in items]}
+    for table in FIELD_TABLES:
+        props = defs[_name(table.struct)]["properties"]
+        for field, why in table.refused.items():
+            props[field] = {"type": "null", "description": f"Refused here: {why}."}
+    refused = [{"$ref": REF.format(name=_name(struct))} for struct in REFUSED_STRUCTS]
+    for schema in defs.values():
+        _drop_branches(schema, refused)
+    for struct, rules in CROSS_FIELD.items():
+        defs[_name(struct)].update(copy.deepcopy(rules))
+
+
+def _drop_branches(node: Any, refused: list[dict[str, str]]) -> None:
+    """Removes the `refused` references from every `anyOf` (and its discriminator) under `node`."""
+    if isinstance(node, dict):
+        branches = node.get("anyOf")
+        if isinstance(branches, list):
+            node["anyOf"] = [b for b in branches if b not in refused]
+        mapping = node.get("discriminator", {}).get("mapping")
+        if isinstance(mapping, dict):
+            refs = {r["$ref"] for r in refused}
+            node["discriminator"]["mapping"] = {tag: ref for tag, ref in mapping.items() if ref not in refs}
+        for value in node.values():
+            _drop_branches(value, refused)
+    elif isinstance(node, list):
+        for value in node:
+            _drop_branches(value, refused)
 
 
 def _struct_named(name: str) -> type | None:
@@ -248,7 +309,9 @@ def _responses(path: str, method: str) -> dict[str, Any]:
             content[media] = {"schema": {"type": "string"}}
         elif struct is None:
             content[media] = {"schema": {}}
-        elif struct is R.StreamEvent:
+        elif isinstance(struct, tuple):
+            content[media] = {"schema": {"anyOf": [{"$ref": REF.format(name=_name(t))} for t in struct]}}
+        elif struct is RO.StreamEvent:
             content[media] = {"schema": _typed_stream_event()}
         elif struct is M.StreamEvent:
             content[media] = {"schema": _anthropic_stream_event()}

@@ -36,8 +36,8 @@ Each request is written to `tests/recordings/agents/<cli>-<version>-<scenario>-<
 (a body sent compressed other than by gzip would be in "body_base64").
 
 Header values of `authorization`, `x-api-key` and cookies are replaced by "<dropped>"; nothing
-else is changed. Rerun after pinning a new CLI version (engines/install.py); stale files of the
-old version are removed.
+else is changed. Rerun after pinning a new CLI version (engines/install/agent_clis.py); stale
+files of the old version are removed.
 """
 
 from __future__ import annotations

@@ -236,7 +236,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     web_search_options: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
+    moderation: dict[str, Any] | None = None  # refused (`gateway.chat_api.fields`)
     # vLLM chat extensions
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -52,7 +52,7 @@ def chat_request_spec(gateway: Gateway, data: S.ChatCompletionRequest, key: Clie
                       request_id: str) -> RequestSpec:
     """A chat completions body checked (the key's models, limits, extensions) and turned into
     the request spec, its `max_tokens` capped by the route."""
-    authorize_key(key, data.model)
+    authorize_key(key, data.model, gateway)
     check_messages(len(data.messages), gateway.config.server.max_messages)
     check_chat(data, max_n=gateway.config.server.max_n)
     CHAT_FIELDS.screen(data, gateway.metrics.ignored_fields)

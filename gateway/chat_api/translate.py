@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from gateway.chat_api import schemas as S
+from gateway.chat_api.fields import CHAT_FIELDS, COMPLETIONS_FIELDS
 from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import EXTENSIONS, RequestSpec, Sampling
@@ -80,9 +81,7 @@ def check_chat(req: S.ChatCompletionRequest, *, max_n: int) -> None:
         )
     if req.continue_final_message and not isinstance(req.messages[-1], S.AssistantMessage):
         raise _fail("`continue_final_message` needs the last message to be from the assistant.", "messages")
-    if req.functions is not None or req.function_call is not None:
-        raise _fail("The deprecated `functions`/`function_call` are not supported; use `tools`.", "functions")
-    if req.modalities and "audio" in req.modalities or req.audio is not None:
+    if req.modalities and "audio" in req.modalities:
         raise _fail("Audio output is not supported.", "modalities")
     _check_tools(req)
     _check_messages(req.messages)
@@ -139,8 +138,6 @@ def check_completion(req: S.CompletionRequest, *, max_n: int) -> None:
     check_common(req, max_n=max_n)
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise _fail("`best_of` other than `n` is not supported.", "best_of")
-    if req.suffix is not None:
-        raise _fail("`suffix` is not supported.", "suffix")
     prompt = req.prompt
     if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
         raise _fail(
@@ -233,7 +230,8 @@ def asked_max_tokens(req: S.ChatCompletionRequest) -> tuple[str, int | None]:
 def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: str,
               limits: RouteLimits = RouteLimits()) -> RequestSpec:
     """The request spec, its `max_tokens` under the route's `limits`."""
-    max_tokens = limits.max_tokens_for(req.model, *asked_max_tokens(req))
+    param, asked = asked_max_tokens(req)
+    max_tokens = limits.max_tokens_for(req.model, param, asked)
     continue_final = bool(req.continue_final_message)
     add_generation_prompt = not continue_final if req.add_generation_prompt is None else req.add_generation_prompt
     tool_choice = req.tool_choice
@@ -258,7 +256,9 @@ def chat_spec(req: S.ChatCompletionRequest, *, request_id: str, upstream_model: 
         response_format=_builtins(req.response_format),
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
+        session=req.prompt_cache_key,
         extensions=extensions_used(req),
+        max_tokens_asked=asked if asked != max_tokens else None,
     )
 
 
@@ -286,6 +286,7 @@ def completion_spec(req: S.CompletionRequest, *, request_id: str, upstream_model
         structured_outputs=_builtins(req.structured_outputs),
         user=req.user,
         extensions=extensions_used(req),
+        max_tokens_asked=req.max_tokens if req.max_tokens != max_tokens else None,
     )
 
 
@@ -302,6 +303,8 @@ def spec_of_body(kind: Literal["chat", "completion"], model: str, body: dict[str
     request_id = f"plugin-check-{next(_body_ids)}"
     if isinstance(request, S.ChatCompletionRequest):
         check_chat(request, max_n=MAX_N)
+        CHAT_FIELDS.screen(request, None)
         return chat_spec(request, request_id=request_id, upstream_model=model)
     check_completion(request, max_n=MAX_N)
+    COMPLETIONS_FIELDS.screen(request, None)
     return completion_spec(request, request_id=request_id, upstream_model=model)

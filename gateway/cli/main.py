@@ -1,5 +1,5 @@
-"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage, plugin-check,
-new-plugin."""
+"""`switchyard` command line: serve, check-config, models fetch, ab-report, keys usage, fields,
+plugin-check, new-plugin."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ DEFAULT_CONFIG = "plugins.toml"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import msgspec
+
     from gateway.config import load_config
     from gateway.server import serve
     from gateway.worker_pool import serve_workers, worker_count
@@ -24,10 +26,13 @@ def _serve(args: argparse.Namespace) -> int:
     # everything check-config checks, before uvicorn: a bad backend option or strategy then stops
     # start-up with the one-line message naming the file and key, not a lifespan traceback
     _validate(config)
+    _make_reasoning_key(config)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     drain_s = config.server.drain_timeout_s if args.drain_seconds is None else args.drain_seconds
     workers = worker_count(config.server.workers)
+    # the count, not "auto": a worker whose flow-control ledger is its own takes its share of each backend
+    config = msgspec.structs.replace(config, server=msgspec.structs.replace(config.server, workers=workers))
     if workers > 1:
         return serve_workers(config, host=host, port=port, drain_s=drain_s, workers=workers)
     serve(config, host=host, port=port, drain_s=drain_s)
@@ -44,6 +49,14 @@ def _validate(config: Config) -> None:
     resolve_backend_options(config, backend_types(pm))
     validate_routes(config, pm)
     check_telemetry(config)
+
+
+def _make_reasoning_key(config: Config) -> None:
+    """The Responses API's reasoning seal key, read (or made) before any worker starts: an
+    unusable file stops start-up naming `responses.reasoning_key_file`."""
+    from gateway.responses_api.reasoning_seal import load_seal
+
+    load_seal(config.responses.reasoning_key_file)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -139,7 +152,7 @@ def _keys_usage(args: argparse.Namespace) -> int:
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from engines.install import main as install_main
+    from engines.install.cli import main as install_main
 
     return install_main([args.what])
 
@@ -189,12 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     engines = sub.add_parser("engines", help="install the real engines the proxy backends can start")
     engines_sub = engines.add_subparsers(dest="engines_command", required=True)
     install = engines_sub.add_parser("install", help="build/install into ~/.cache/switchyard/engines (once per machine)")
-    install.add_argument("what", choices=("llamacpp", "vllm", "gguf", "redis", "all", "status"))
+    from engines.install.cli import CHOICES as install_choices
+
+    install.add_argument("what", choices=install_choices)
     install.set_defaults(func=_engines)
 
-    from gateway.cli import plugin_check
+    from gateway.cli import fields, plugin_check
     from gateway.cli import scaffold as new_plugin
 
+    fields.add_parser(sub)
     plugin_check.add_parser(sub)
     new_plugin.add_parser(sub)
 

@@ -16,11 +16,13 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
 from gateway.errors import from_decode_error
+from gateway.http.billing_header import without_billing_lines
 from gateway.http.head_protocol import exchange_of
+from gateway.http.sessions import with_session
 from gateway.keys import TokenCost
 from gateway.keys.keyring import ClientKey
 from gateway.service.accounting import RequestAccounting, open_accounting
-from gateway.service.attempts import Answer, LastPiece
+from gateway.service.attempts import FITTED_MAX_TOKENS, Answer, FittedMaxTokens, LastPiece
 from gateway.service.gateway import Gateway, Resolved
 from gateway.service.stream_feed import BODY_WRITER
 from plugins.contract.errors import InvalidRequest, NotFound, PermissionDenied
@@ -31,6 +33,7 @@ B = TypeVar("B", bound=msgspec.Struct)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; never reaches the client
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+CLAMPED_HEADER = "x-switchyard-max-tokens-clamped"  # "<asked>-><served>", on a route that clamps
 
 
 def response_headers(request: Request, backend: str | None = None) -> dict[str, str]:
@@ -46,12 +49,16 @@ def id_headers(request_id: str, backend: str | None = None) -> dict[str, str]:
 
 
 def authorize(request: Request, model: str) -> None:
-    """403 when the client's key may not use `model` (a route or model name)."""
-    authorize_key(request.state.client_key, model)
+    """403 when the client's key may not use `model` (a route or model name, or one of a route's
+    aliases and globs: the key's `routes` name routes)."""
+    authorize_key(request.state.client_key, model, getattr(request.app.state, "gateway", None))
 
 
-def authorize_key(key: ClientKey | None, model: str) -> None:
-    if key is not None and not key.may_use(model):
+def authorize_key(key: ClientKey | None, model: str, gateway: Gateway | None = None) -> None:
+    if key is None or key.may_use(model):
+        return
+    route = None if gateway is None else gateway.route_name(model)
+    if route is None or not key.may_use(route):
         raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model", code="model_not_allowed")
 
 
@@ -125,19 +132,41 @@ async def answer(request: Request, gateway: Gateway, spec: RequestSpec, open_str
 
 async def answer_client(client: ClientRequest, gateway: Gateway, spec: RequestSpec, open_stream: OpenAnswer,
                        collect: OpenAnswer) -> tuple[RequestSpec, Answer | None, dict[str, str]]:
-    """`answer`'s work: the spec as served (with its routing keys), what was served (None: the
-    client left) and the response's headers (a stream's included)."""
+    """`answer`'s work: the spec as served (with its routing keys and its agent session, without
+    Claude Code's billing line), what was served (None: the client left) and the response's
+    headers (a stream's included)."""
     # routing (targets, fallback, capabilities, shadow copies) happens inside open_stream/collect;
     # the backend header names the target that actually served
-    spec = gateway.with_routing_keys(spec, client.headers)
+    spec = with_session(gateway.with_routing_keys(spec, client.headers), client.headers)
+    if gateway.strips_billing_header(spec.model):
+        spec = without_billing_lines(spec)
     opened = open_stream if spec.stream else collect
-    served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    fitted = FittedMaxTokens() if gateway.limits_for(spec.model).clamps else None
+    noting = FITTED_MAX_TOKENS.set(fitted)
+    try:
+        served, limit_headers = await accounted(client, gateway, spec, lambda accounting: opened(gateway, spec, accounting))
+    finally:
+        FITTED_MAX_TOKENS.reset(noting)
     if served is None:
         return spec, None, {}
     headers = {**id_headers(client.request_id, served.backend), **limit_headers}
+    if fitted is not None:
+        headers.update(clamped_header(spec, fitted.served))
     if spec.stream:
         headers.update(SSE_HEADERS)
     return spec, served, headers
+
+
+def clamped_header(spec: RequestSpec, fitted: int | None) -> dict[str, str]:
+    """`x-switchyard-max-tokens-clamped: <asked>-><served>` when the request was served a smaller
+    output limit than it asked for (or than the route's default gave it): lowered to the route's
+    cap, or fitted into the context left after the prompt."""
+    given = spec.sampling.max_tokens
+    asked = spec.max_tokens_asked if spec.max_tokens_asked is not None else given
+    served = given if fitted is None else fitted
+    if asked is None or served is None or served >= asked:
+        return {}
+    return {CLAMPED_HEADER: f"{asked}->{served}"}
 
 
 async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,
@@ -147,7 +176,7 @@ async def accounted(client: ClientRequest, gateway: Gateway, spec: RequestSpec,
     `open_accounting`), cancelled if the client goes away (None then); with the `x-ratelimit-*`
     headers for the response. For a stream, the disconnect watch goes on guarding its body."""
     key = client.key
-    accounting = await open_accounting(gateway, spec, client.headers, key and key.limits, key and key.name, cost)
+    accounting = await open_accounting(gateway, spec, client.headers, key, cost)
     watch = DisconnectWatch(client.receive)
     try:
         done = await watch.guard(work(accounting))

@@ -9,9 +9,10 @@ or refused with a reason. One table per API (`<api>/fields.py`), over the API's 
 - refused: a 400 naming the field and why — honouring it silently would change the answer.
 
 A field neither the struct nor the table knows is a 400 naming it, as before (the structs forbid
-unknown fields): strict on typos, liberal on what the real API accepts. `tests/gateway/test_fields.py`
-holds every table against the official SDKs' request types, so a field a newer SDK sends is a
-one-line decision here.
+unknown fields): strict on typos, liberal on what the real API accepts.
+`tests/gateway/http/test_fields.py` holds every table against the official SDKs' request types, so a
+field a newer SDK sends is a one-line decision here; the README's lists are generated from the
+tables (`switchyard fields`, `gateway.cli.fields`).
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ class FieldTable:
     def acted_on(self) -> frozenset[str]:
         return frozenset(self.struct.__struct_fields__) - set(self.ignored) - set(self.refused)
 
-    def screen(self, request: msgspec.Struct, ignored: Counter) -> None:
+    def screen(self, request: msgspec.Struct, ignored: Counter | None) -> None:
         """`InvalidRequest` naming the first refused field `request` carries; each ignored one it
-        carries counted in `ignored` (`switchyard_ignored_fields_total`). A field is carried when
-        it is set to anything but None."""
+        carries counted in `ignored` (`switchyard_ignored_fields_total`; None: not counted, for a
+        request no client sent). A field is carried when it is set to anything but None."""
         for name, refused in self._screened:  # type: ignore[attr-defined]
             value = getattr(request, name)
             if value is None or value is msgspec.UNSET:
                 continue
             if refused:
                 raise InvalidRequest(f"`{name}` is not supported: {self.refused[name]}", param=name)
-            ignored.labels(self.api, name).inc()
+            if ignored is not None:
+                ignored.labels(self.api, name).inc()

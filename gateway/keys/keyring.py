@@ -39,6 +39,8 @@ class ClientKey:
     digest: bytes
     routes: frozenset[str] | None  # None: every route
     limits: KeyLimits | None = None  # None: not limited (gateway/keys)
+    weight: float = 1.0  # its share of a full backend (`[server.flow_control]`)
+    priority: int | None = None  # the `priority` of its requests that send none
 
     def may_use(self, route: str) -> bool:
         return self.routes is None or route in self.routes
@@ -55,7 +57,8 @@ class KeyRing:
             secret = entry.key if entry.key is not None else os.environ.get(entry.key_env or "", "").strip()
             routes = None if entry.routes is None else frozenset(entry.routes)
             limits = KeyLimits.from_config(entry)
-            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes, limits=limits))
+            keys.append(ClientKey(name=entry.name or f"keys[{i}]", digest=_digest(secret), routes=routes, limits=limits,
+                                  weight=entry.weight, priority=entry.priority))
         return cls(keys)
 
     @property

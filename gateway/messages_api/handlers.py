@@ -15,6 +15,7 @@ from litestar import Request, Response, get, head, post
 from litestar.datastructures import State
 from litestar.params import QueryParameter
 
+from gateway.http.billing_header import strip_billing_lines
 from gateway.http.common import answer, authorize, decode_body, resolve_for_tokens, response_headers
 from gateway.messages_api import schemas as M
 from gateway.messages_api.encode import MessageSink, MessageStream
@@ -71,7 +72,10 @@ async def count_tokens(request: Request, state: State, beta: Annotated[bool, BET
     check_messages(len(data.messages), gateway.config.server.max_messages)
     COUNT_TOKENS_FIELDS.screen(data, gateway.metrics.ignored_fields)
     resolved = resolve_for_tokens(request, gateway, data.model)
-    result = await resolved.backend.tokenize(count_tokens_request(data, upstream_model=resolved.target.model))
+    tokenize = count_tokens_request(data, upstream_model=resolved.target.model)
+    if gateway.strips_billing_header(data.model):  # as create_message's prompt is rendered
+        tokenize = msgspec.structs.replace(tokenize, messages=strip_billing_lines(tokenize.messages) or tokenize.messages)
+    result = await resolved.backend.tokenize(tokenize)
     body = msgspec.json.encode(M.TokenCount(input_tokens=len(result.tokens)))
     return Response(content=body, media_type="application/json", headers=response_headers(request, resolved.backend.name))
 

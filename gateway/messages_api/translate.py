@@ -46,7 +46,7 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimit
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or None,
-        max_tokens=limits.max_tokens_for(req.model, "max_tokens", req.max_tokens),
+        max_tokens=(max_tokens := limits.max_tokens_for(req.model, "max_tokens", req.max_tokens)),
         stop=tuple(req.stop_sequences or ()),
     )
     return RequestSpec(
@@ -67,6 +67,7 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimit
         user=req.metadata.user_id if req.metadata is not None else None,
         session=session_in_body(req),
         extensions=frozenset(extensions),
+        max_tokens_asked=req.max_tokens if req.max_tokens != max_tokens else None,
     )
 
 

@@ -134,16 +134,24 @@ class Metrics:
             ("api", "field"),
             registry=r,
         )
+        self.dropped_tools = Counter(
+            "switchyard_dropped_tools",
+            "Hosted tools (web_search, file_search...) left out of requests under `hosted_tools = \"drop\"`, by wire API "
+            "and tool type.",
+            ("api", "tool"),
+            registry=r,
+        )
         self.attempts = Counter(
             "switchyard_route_attempts",
             "Attempts to serve a request on a route's target, by outcome: ok (served), an upstream error kind "
-            "(failed before the first token), or unsupported (the backend cannot do the request).",
+            "(failed before the first token), unsupported (the backend cannot do the request), or max_tokens_fitted "
+            "(the output limit did not fit the context left: started again with one that does).",
             (*LABELS, "outcome"),
             registry=r,
         )
         self.shadow_skipped = Counter(
             "switchyard_shadow_skipped",
-            "Shadow copies not sent, by reason (max_concurrent, circuit_open).",
+            "Shadow copies not sent, by reason (max_concurrent, circuit_open, at_capacity, unsupported, queue).",
             ("route", "backend", "reason"),
             registry=r,
         )

@@ -16,7 +16,9 @@ A line (keys in this order; null when unknown):
      "attempts": [{"backend": "vllm", "outcome": "ok"}]}
 
 `replica` (the base URL of the replica that served, or was tried last) is there only for
-backends that serve from several replicas.
+backends that serve from several replicas; `queued_ms` (the time the request waited in its
+backend's flow-control queue, `[server.flow_control]`) only for a request that waited; `session`
+(the agent session the request belongs to, `RequestSpec.session`) only when there is one.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     attempts: list[Attempt]
     prompt: Any = None  # messages or prompt, only with log_prompts
     replica: str | None = None  # the replica of a fleet backend that served (its events' `served_by`)
+    queued_ms: int | None = None  # waited in a flow-control queue (None: went straight through)
+    session: str | None = None  # the agent session the request belongs to (`RequestSpec.session`)
 
 
 class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -70,12 +74,14 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True):
     arm: str
     backend: str
     replica: str | None = None  # left out of the line when None (a backend of one server)
+    session: str | None = None  # left out of the line when None
     model: str
     shadow: bool
     kind: str
     stream: bool
     outcome: str
     error: str | None
+    queued_ms: int | None = None  # left out of the line when the request did not wait
     ttft: float | None
     e2e: float
     itl_p50: float | None
@@ -104,12 +110,14 @@ def to_line(r: RequestRecord) -> LogLine:
         arm=r.arm,
         backend=r.backend,
         replica=r.replica,
+        session=r.session,
         model=r.model,
         shadow=r.shadow,
         kind=r.kind,
         stream=r.stream,
         outcome=r.outcome,
         error=r.error,
+        queued_ms=r.queued_ms,
         ttft=r.ttft,
         e2e=r.e2e,
         itl_p50=percentile(gaps, 0.5),

@@ -1,20 +1,32 @@
 """Backend events → Responses output items, and the typed stream events that build them.
 
 One state machine for both answers: `OutputBuilder` turns `ReasoningDelta` / `TextDelta` /
-`ToolCallDelta` / `Finish` into `reasoning`, `message` and `function_call` items in the order
-they came, and (when streaming) the events OpenAI sends for each, in OpenAI's order:
+`ToolCallDelta` / `Finish` into `reasoning`, `message`, `function_call` and `custom_tool_call`
+items in the order they came, and (when streaming) the events OpenAI sends for each, in
+OpenAI's order:
 
     output_item.added, content_part.added, (output_text|reasoning_text).delta ...,
     (output_text|reasoning_text).done, content_part.done, output_item.done
     output_item.added (function_call), function_call_arguments.delta ..., .done, output_item.done
+    output_item.added (custom_tool_call), custom_tool_call_input.delta, .done, output_item.done
+
+A call's chat name is mapped back by the request's `tools.ChatTools` (a namespace's tool, a
+custom tool); a custom tool's input comes out of the JSON arguments whole, so it is one delta.
+Reasoning items carry their text sealed in `encrypted_content` when the request `include`s it.
 
 A non-streaming request runs the same builder and keeps only the items, so both answers agree.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from gateway.ids import token_hex
-from gateway.responses_api import schemas as R
+from gateway.responses_api import response_schemas as R
+from gateway.responses_api.reasoning_seal import ReasoningSeal
+from gateway.responses_api.tools import ChatTools, custom_arguments, custom_input, flat_name
 from plugins.contract.errors import UpstreamError
 from plugins.contract.protocol import Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
@@ -27,8 +39,10 @@ class OutputBuilder:
     """Items and (with `stream`) stream events for one response. Events carry
     `sequence_number` 0 here; the writer numbers them as it sends them."""
 
-    def __init__(self, *, stream: bool) -> None:
+    def __init__(self, *, stream: bool, tools: ChatTools | None = None, seal: ReasoningSeal | None = None) -> None:
         self.stream = stream
+        self.tools = tools if tools is not None else ChatTools()
+        self.seal = seal  # None: no `encrypted_content`
         self.items: list[R.OutputItem] = []
         self.events: list[R._Event] = []
         self.finish_reason: str | None = None
@@ -93,19 +107,30 @@ class OutputBuilder:
 
     def _call(self, delta: ToolCallDelta) -> None:
         item = self._open
-        if not isinstance(item, R.OutputFunctionCall) or delta.tool_index != self._tool_index:
+        if not isinstance(item, (R.OutputFunctionCall, R.OutputCustomToolCall)) or delta.tool_index != self._tool_index:
             self._close("completed")
-            call_id = delta.id or new_id("call")
-            item = R.OutputFunctionCall(id=new_id("fc"), call_id=call_id, name=delta.name or "", arguments="",
-                                        status="in_progress")
+            item = self._new_call(delta.id or new_id("call"), delta.name or "")
             self._tool_index = delta.tool_index
             self._open_item(item)
         elif delta.name and not item.name:
-            item.name = delta.name
+            ref = self.tools.ref(delta.name)
+            if ref.custom != isinstance(item, R.OutputCustomToolCall):  # rare: the name came after the call began
+                item = self.items[-1] = self._open = self._new_call(item.call_id, delta.name, item.id)
+            item.name, item.namespace = ref.name, ref.namespace
         if delta.arguments:
             self._text.append(delta.arguments)
-            self._emit(R.FunctionCallArgumentsDelta(sequence_number=0, item_id=item.id, output_index=len(self.items) - 1,
-                                                    delta=delta.arguments))
+            if isinstance(item, R.OutputFunctionCall):
+                self._emit(R.FunctionCallArgumentsDelta(sequence_number=0, item_id=item.id, output_index=len(self.items) - 1,
+                                                        delta=delta.arguments))
+
+    def _new_call(self, call_id: str, flat: str, item_id: str | None = None) -> R.OutputFunctionCall | R.OutputCustomToolCall:
+        ref = self.tools.ref(flat) if flat else None
+        name, namespace = (ref.name, ref.namespace) if ref is not None else ("", None)
+        if ref is not None and ref.custom:
+            return R.OutputCustomToolCall(id=item_id or new_id("ctc"), call_id=call_id, name=name, input="",
+                                          status="in_progress", namespace=namespace)
+        return R.OutputFunctionCall(id=item_id or new_id("fc"), call_id=call_id, name=name, arguments="",
+                                    status="in_progress", namespace=namespace)
 
     def _open_item(self, item: R.OutputItem) -> None:
         self.items.append(item)
@@ -127,12 +152,18 @@ class OutputBuilder:
         elif isinstance(item, R.OutputReasoning):
             part = R.ReasoningText(text=text)
             item.content = [part]
+            if self.seal is not None:
+                item.encrypted_content = self.seal.seal(text)
             self._emit(R.ReasoningTextDone(sequence_number=0, item_id=item.id, output_index=index, content_index=0, text=text))
+        elif isinstance(item, R.OutputCustomToolCall):
+            item.input = custom_input(text)
+            self._emit(R.CustomToolCallInputDelta(sequence_number=0, item_id=item.id, output_index=index, delta=item.input))
+            self._emit(R.CustomToolCallInputDone(sequence_number=0, item_id=item.id, output_index=index, input=item.input))
         else:
             item.arguments = text
             self._emit(R.FunctionCallArgumentsDone(sequence_number=0, item_id=item.id, output_index=index, name=item.name,
                                                    arguments=text))
-        if not isinstance(item, R.OutputFunctionCall):
+        if isinstance(item, (R.OutputMessage, R.OutputReasoning)):
             self._emit(R.ContentPartDone(sequence_number=0, item_id=item.id, output_index=index, content_index=0, part=part))
         item.status = status
         self._emit(R.OutputItemDone(sequence_number=0, output_index=index, item=_snapshot(item)))
@@ -145,11 +176,27 @@ class OutputBuilder:
         events, self.events = self.events, []
         return events
 
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The output as chat messages (reasoning left out), named as the model named its calls:
+        what a stored conversation keeps for `previous_response_id`."""
+        text = "".join(item.content[0].text for item in self.items if isinstance(item, R.OutputMessage) and item.content)
+        calls = [
+            {"id": item.call_id, "type": "function", "function": {
+                "name": flat_name(item.name, item.namespace),
+                "arguments": item.arguments if isinstance(item, R.OutputFunctionCall) else custom_arguments(item.input)}}
+            for item in self.items
+            if isinstance(item, (R.OutputFunctionCall, R.OutputCustomToolCall))
+        ]
+        if not text and not calls:
+            return []
+        message: dict[str, Any] = {"role": "assistant", "content": text}  # "" with calls: see translate.to_messages
+        if calls:
+            message["tool_calls"] = calls
+        return [message]
+
 
 def _snapshot(item: R.OutputItem) -> R.OutputItem:
     """The item as it is now (later deltas mutate the builder's own)."""
-    import msgspec
-
     return msgspec.structs.replace(item)
 
 

@@ -15,15 +15,18 @@ from litestar.params import FromPath
 from gateway.config import StoreConfig
 from gateway.http.common import answer, authorize, decode_body, response_headers
 from gateway.responses_api import respond as service
+from gateway.responses_api import response_schemas as O
 from gateway.responses_api import schemas as R
 from gateway.responses_api import translate
 from gateway.responses_api.fields import RESPONSES_FIELDS
+from gateway.responses_api.reasoning_seal import load_seal
 from gateway.responses_api.store import open_store
 from gateway.service.admission import check_messages
 from gateway.service.gateway import Gateway
 from plugins.contract.errors import InvalidRequest, NotFound
 
 CANCEL_WAIT_S = 10.0  # how long a cancel waits for the response to end before answering
+DROPPED_TOOLS_HEADER = "x-switchyard-dropped-tools"  # the hosted tool types left out (`hosted_tools = "drop"`)
 
 
 def _state(state: State) -> service.ResponsesState:
@@ -48,15 +51,25 @@ async def create_response(request: Request, state: State) -> Response:
         if previous is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
         history = previous.conversation
-    turn_messages = translate.to_messages(translate.input_items(req), translate.call_ids(history))
+    items = translate.input_items(req)
+    limits = gateway.limits_for(req.model)
+    tools = translate.request_tools(req, items, limits.hosted_tools)
+    all_turns = req.reasoning is not None and req.reasoning.context == "all_turns"
+    turn_messages = translate.to_messages(items, translate.call_ids(history), seal=responses.seal, all_turns=all_turns)
     check_messages(len(history) + len(turn_messages), gateway.config.server.max_messages)
-    spec = translate.to_spec(req, request_id=request.state.request_id, history=history, turn=turn_messages,
-                             limits=gateway.limits_for(req.model))
+    spec = translate.to_spec(req, request_id=request.state.request_id, history=history, turn=turn_messages, tools=tools,
+                             limits=limits)
     stored = req.store is not False and responses.store is not None
-    turn = service.Turn(frame=translate.response_frame(req, spec, stored=stored), conversation=history + turn_messages,
-                        store=stored)
-    return await answer(request, gateway, spec, _bound(service.open_stream, responses, turn),
-                       _bound(service.collect, responses, turn))
+    sealing = responses.seal if req.include and "reasoning.encrypted_content" in req.include else None
+    turn = service.Turn(frame=translate.response_frame(req, spec, stored=stored, tools=tools),
+                        conversation=history + turn_messages, store=stored, tools=tools, seal=sealing)
+    for kind in tools.dropped:
+        gateway.metrics.dropped_tools.labels("responses", kind).inc()
+    response = await answer(request, gateway, spec, _bound(service.open_stream, responses, turn),
+                            _bound(service.collect, responses, turn))
+    if tools.dropped:
+        response.headers[DROPPED_TOOLS_HEADER] = ", ".join(tools.dropped)
+    return response
 
 
 def _bound(fn: Callable[..., Any], responses: service.ResponsesState, turn: service.Turn) -> Callable[..., Any]:
@@ -81,7 +94,7 @@ async def delete_response(request: Request, state: State, response_id: FromPath[
         raise _not_found(response_id)
     authorize(request, stored.response.model)
     await store.delete(response_id)
-    return _json(request, R.DeletedResponse(id=response_id))
+    return _json(request, O.DeletedResponse(id=response_id))
 
 
 @post("/v1/responses/{response_id:str}/cancel", status_code=200, summary="Cancel a response in progress.")
@@ -111,13 +124,14 @@ HANDLERS = [create_response, get_response, delete_response, cancel_response]
 
 
 def lifespan(config: StoreConfig) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
-    """Opens the response store at start-up (a bad path or an unreachable server stops it,
-    naming the key) and closes it at shutdown."""
+    """Opens the response store and reads (or makes) the reasoning seal's key at start-up (a bad
+    path or an unreachable server stops it, naming the key) and closes the store at shutdown."""
 
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
+        seal = await asyncio.to_thread(load_seal, config.reasoning_key_file)
         store = await open_store(config)
-        app.state.responses = service.ResponsesState(store=store)
+        app.state.responses = service.ResponsesState(store=store, seal=seal)
         try:
             yield
         finally:

@@ -13,13 +13,15 @@ from typing import Any
 import msgspec
 
 from gateway.errors import ErrorBody, ErrorResponse
-from gateway.responses_api import schemas as R
+from gateway.responses_api import response_schemas as R
 from gateway.responses_api.encode import OutputBuilder, usage_body
+from gateway.responses_api.reasoning_seal import ReasoningSeal
 from gateway.responses_api.store import ResponseStore, StoredResponse
+from gateway.responses_api.tools import ChatTools
 from gateway.service.accounting import RequestAccounting
 from gateway.service.attempts import Answer, collect_events, open_events, stream_body
 from gateway.service.gateway import EventPump, Gateway
-from plugins.contract.errors import SwitchyardError
+from plugins.contract.errors import ContextLengthExceeded, SwitchyardError
 from plugins.contract.protocol import Event, RequestSpec, Usage
 
 _encode = msgspec.json.Encoder().encode
@@ -42,10 +44,11 @@ class InFlight:
 
 @dataclass
 class ResponsesState:
-    """The Responses API's share of the app (`app.state.responses`): the store, the responses
-    in flight here."""
+    """The Responses API's share of the app (`app.state.responses`): the store, the seal of
+    reasoning items' `encrypted_content`, the responses in flight here."""
 
     store: ResponseStore | None
+    seal: ReasoningSeal | None = None
     in_flight: dict[str, InFlight] = field(default_factory=dict)
 
     def cancel(self, response_id: str) -> InFlight | None:
@@ -57,12 +60,18 @@ class ResponsesState:
 
 @dataclass
 class Turn:
-    """One request's response frame (everything but status, output and usage) and what it
-    stores: the conversation up to and including this turn's input."""
+    """One request's response frame (everything but status, output and usage), what it stores
+    (the conversation up to and including this turn's input), the tools the model was given
+    (to name its calls) and the seal of its reasoning (None: not asked for)."""
 
     frame: R.Response
     conversation: list[dict[str, Any]]
     store: bool
+    tools: ChatTools = field(default_factory=ChatTools)
+    seal: ReasoningSeal | None = None
+
+    def builder(self, *, stream: bool) -> OutputBuilder:
+        return OutputBuilder(stream=stream, tools=self.tools, seal=self.seal)
 
     def response(self, status: R.Status, builder: OutputBuilder | None = None, usage: Usage | None = None,
                  error: R.ResponseError | None = None) -> R.Response:
@@ -82,26 +91,10 @@ def _final_status(builder: OutputBuilder) -> R.Status:
     return "incomplete" if builder.incomplete else "completed"
 
 
-def _answer_messages(builder: OutputBuilder) -> list[dict[str, Any]]:
-    """This turn's output as chat messages (reasoning left out), for the stored conversation."""
-    text = "".join(item.content[0].text for item in builder.items if isinstance(item, R.OutputMessage) and item.content)
-    calls = [
-        {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-        for item in builder.items
-        if isinstance(item, R.OutputFunctionCall)
-    ]
-    if not text and not calls:
-        return []
-    message: dict[str, Any] = {"role": "assistant", "content": text}  # "" with calls: see translate.to_messages
-    if calls:
-        message["tool_calls"] = calls
-    return [message]
-
-
 async def _finish_turn(state: ResponsesState, turn: Turn, response: R.Response, builder: OutputBuilder) -> None:
     entry = state.in_flight.pop(turn.frame.id, None)
     if turn.store and state.store is not None:
-        conversation = turn.conversation + _answer_messages(builder)
+        conversation = turn.conversation + builder.chat_messages()
         await state.store.put(StoredResponse(response=response, conversation=conversation))
     if entry is not None and not entry.done.done():
         entry.done.set_result(response)
@@ -122,7 +115,7 @@ class _StreamWriter:
     def __init__(self, state: ResponsesState, turn: Turn) -> None:
         self.state = state
         self.turn = turn
-        self.builder = OutputBuilder(stream=True)
+        self.builder = turn.builder(stream=True)
         self.sequence = 0
 
     def _sse(self, events: list[R._Event]) -> bytes:
@@ -173,10 +166,21 @@ async def open_stream(gateway: Gateway, spec: RequestSpec, state: ResponsesState
         opened = await open_events(gateway, spec, on_pump=lambda pump: setattr(entry, "pump", pump), accounting=accounting)
     except ResponseCancelled as exc:
         return Answer(body=_cancelled_early(writer, exc), backend="")
+    except ContextLengthExceeded as exc:
+        _forget(state, turn)
+        raise _too_long(exc) from None
     except BaseException:
         _forget(state, turn)
         raise
     return Answer(body=_until_done(state, turn, stream_body(opened, writer)), backend=opened.backend)
+
+
+def _too_long(error: ContextLengthExceeded) -> ContextLengthExceeded:
+    """A prompt too long, told before the stream began: a 400 naming `input` (code
+    `context_length_exceeded`, which Codex keys on as it does on a `response.failed` with that
+    code: either way its next turn compacts the conversation first)."""
+    return ContextLengthExceeded(error.message, param="input", prompt_tokens=error.prompt_tokens,
+                                 max_model_len=error.max_model_len)
 
 
 async def _cancelled_early(writer: _StreamWriter, error: ResponseCancelled) -> Any:
@@ -207,18 +211,21 @@ async def collect(gateway: Gateway, spec: RequestSpec, state: ResponsesState, tu
     builders: list[OutputBuilder] = []
 
     def new_builder() -> OutputBuilder:
-        builders.append(OutputBuilder(stream=False))
+        builders.append(turn.builder(stream=False))
         return builders[-1]
 
     try:
         builder, usage, backend = await collect_events(gateway, spec, new_builder, on_pump=lambda pump: setattr(entry, "pump", pump),
                                                        accounting=accounting)
     except ResponseCancelled as exc:
-        builder = builders[-1] if builders else OutputBuilder(stream=False)
+        builder = builders[-1] if builders else turn.builder(stream=False)
         builder.close()
         response = turn.response("cancelled", builder, error=R.ResponseError(code="cancelled", message=exc.message))
         await _finish_turn(state, turn, response, builder)
         return Answer(body=response, backend="")
+    except ContextLengthExceeded as exc:
+        _forget(state, turn)
+        raise _too_long(exc) from None
     except BaseException:
         _forget(state, turn)
         raise

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gateway.config import StoreConfig
-from gateway.responses_api.schemas import Response
+from gateway.responses_api.response_schemas import Response
 from plugins.contract.errors import ConfigError, UpstreamError
 
 

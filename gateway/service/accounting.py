@@ -1,7 +1,8 @@
 """Per-request bookkeeping beyond the metrics: the client key's reservation (settled on the
-real usage) and the request's trace. A request gets a `RequestAccounting` only when one of the
-two is on for it (a key with limits, `[telemetry]`); otherwise the request path carries None
-and does no work for either.
+real usage), the request's trace, and what it asks of a full backend's queue (`asked`, with
+`[server.flow_control]` on). A request gets a `RequestAccounting` only when one of them is on
+for it (a key with limits, `[telemetry]`, flow control); otherwise the request path carries
+None and does no work for any.
 
 `gateway.http.common.answer` calls `open_accounting` once per request, before serving it, and hands
 the result through the front-end's `open_stream` / `collect` to `gateway.service.attempts`, whose
@@ -17,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.keys import NO_RESERVATION, KeyLimits, Reservation, TokenCost
+from gateway.flow_control import Asked
+from gateway.keys import NO_RESERVATION, Reservation, TokenCost
+from gateway.keys.keyring import ClientKey
+from gateway.keys.limits import request_cost
 from gateway.service.outcomes import error_label, outcome_of
+from plugins.contract.errors import ModelNotFound
 from plugins.contract.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
@@ -27,11 +32,12 @@ if TYPE_CHECKING:
 
 
 class RequestAccounting:
-    __slots__ = ("reservation", "trace", "completion_seen", "finish_reasons", "done")
+    __slots__ = ("reservation", "trace", "asked", "completion_seen", "finish_reasons", "done")
 
-    def __init__(self, reservation: Reservation, trace: RequestTrace | None) -> None:
+    def __init__(self, reservation: Reservation, trace: RequestTrace | None, asked: Asked | None = None) -> None:
         self.reservation = reservation
         self.trace = trace
+        self.asked = asked  # its place in a full backend's queue, and the priority the engine is sent
         self.completion_seen = 0  # tokens that reached the gateway, for a request that ends without usage
         self.finish_reasons: list[str] = []
         self.done = False
@@ -99,22 +105,37 @@ class RequestAccounting:
             )
 
 
-async def open_accounting(gateway: Gateway, spec: RequestSpec, headers: Mapping[str, str], limits: KeyLimits | None,
-                          key_name: str | None = None, cost: TokenCost | None = None) -> RequestAccounting | None:
-    """Start the request's trace and admit it under its key's limits (429 when over one: the
-    trace records it); `cost` instead of `spec`'s estimate for a request that is no generation
-    (embeddings). None when the key has no limits and tracing is off."""
-    telemetry = gateway.telemetry
-    if limits is None and telemetry is None:
+async def open_accounting(gateway: Gateway, spec: RequestSpec, headers: Mapping[str, str], key: ClientKey | None,
+                          cost: TokenCost | None = None) -> RequestAccounting | None:
+    """Start the request's trace, say what it asks of a full backend's queue, and admit it under
+    its key's limits (429 when over one: the trace records it); `cost` instead of `spec`'s
+    estimate for a request that is no generation (embeddings). None when the key has no limits,
+    tracing is off and so is flow control."""
+    telemetry, flow = gateway.telemetry, gateway.flow
+    limits = key.limits if key is not None else None
+    if limits is None and telemetry is None and flow is None:
         return None
+    key_name = key.name if key is not None else None
     trace = telemetry.start_request(spec, headers, key_name) if telemetry is not None else None
-    accounting = RequestAccounting(NO_RESERVATION, trace)
+    asked = None
+    if flow is not None:
+        asked = flow.policy.ask(key, reserved=cost or request_cost(spec, _max_model_len(gateway, spec.model)), user=spec.user,
+                                headers=headers, priority_sent=spec.priority if "priority" in spec.extensions else None,
+                                slo_ms=gateway.limits_for(spec.model).ttft_slo_ms)
+    accounting = RequestAccounting(NO_RESERVATION, trace, asked)
     try:
         accounting.reservation = await gateway.key_limiter.admit(limits, spec, cost=cost)
     except BaseException as exc:
         accounting.finish(exc)
         raise
     return accounting
+
+
+def _max_model_len(gateway: Gateway, model: str) -> int | None:
+    try:
+        return gateway.model_card(model)[1]
+    except ModelNotFound:
+        return None  # answered as such once the request is routed
 
 
 def _with_headers(spec: RequestSpec, extra: dict[str, str]) -> RequestSpec:

@@ -5,6 +5,8 @@ queue in front of each backend, the request deadline, and the errors of a draini
 at once; up to `max_queue` more wait, first come first served, at most `queue_timeout_s`; any
 other is refused at once with `Overloaded` (429 and `Retry-After`; the next target on a fallback
 route). A released slot goes straight to the oldest waiter, so a burst cannot overtake the queue.
+With `[server.flow_control]` on, `gateway.flow_control`'s queue takes its place: fair across
+tenants, by priority band, and shedding by the route's `ttft_slo_ms`.
 """
 
 from __future__ import annotations
@@ -12,17 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from gateway.errors import DeadlineExceeded
-from plugins.contract.errors import InvalidRequest, Overloaded
+from gateway.errors import RETRY_AFTER_S, DeadlineExceeded
+from plugins.contract.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 
 if TYPE_CHECKING:
     from gateway.config import RouteConfig, ServerConfig
-
-RETRY_AFTER_S = 1.0
-
-
 
 
 @dataclass(frozen=True)
@@ -47,32 +45,62 @@ class RouteLimits:
     max_tokens: int | None = None
     request_timeout_s: float | None = None
     default_max_tokens: int | None = None  # what a request that asks for none gets (<= max_tokens)
+    ttft_slo_ms: int | None = None  # flow control refuses a request predicted to wait longer for a slot
+    # what an output limit over the cap (or the context) gets: a 400, or lowered to fit
+    over_max_tokens: Literal["reject", "clamp"] = "reject"
+    max_model_len: int | None = None  # the route's context, once its backends told it (the smallest)
+    hosted_tools: str = "drop"  # Responses' hosted tools: "drop" or "reject" (`server.hosted_tools`)
+    strip_billing_header: bool = True  # Claude Code's billing line out of system prompts (`server.strip_billing_header`)
 
     @classmethod
     def of(cls, server: ServerConfig, route: RouteConfig | None = None) -> RouteLimits:
         """`route`'s limits, the server's where it sets none (no route: a model served under its
         own name)."""
+        slo_ms = server.flow_control.ttft_slo_ms
         if route is None:
-            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens)
+            return cls(server.max_tokens, server.request_timeout_s, server.default_max_tokens, ttft_slo_ms=slo_ms,
+                       over_max_tokens=server.over_max_tokens, hosted_tools=server.hosted_tools,
+                       strip_billing_header=server.strip_billing_header)
         return cls(route.max_tokens or server.max_tokens, route.request_timeout_s or server.request_timeout_s,
-                   route.default_max_tokens or server.default_max_tokens)
+                   route.default_max_tokens or server.default_max_tokens, ttft_slo_ms=route.ttft_slo_ms or slo_ms,
+                   over_max_tokens=route.over_max_tokens or server.over_max_tokens,
+                   hosted_tools=route.hosted_tools or server.hosted_tools,
+                   strip_billing_header=server.strip_billing_header if route.strip_billing_header is None
+                   else route.strip_billing_header)
+
+    @property
+    def clamps(self) -> bool:
+        return self.over_max_tokens == "clamp"
 
     def max_tokens_for(self, model: str, param: str, asked: int | None,
                        endpoint_default: int | None = None) -> int | None:
         """The `max_tokens` a request for `model` gets (None: the rest of the context), the one
         place the route's cap and default apply. `asked`: what the client sent in `param` (None:
-        nothing); more than the `max_tokens` cap is a 400 naming `param`. Asking for nothing gets
+        nothing); more than the `max_tokens` cap is a 400 naming `param`, or on a route that
+        clamps the cap (and at most the route's context, where known). Asking for nothing gets
         `default_max_tokens` (else the cap), or `endpoint_default` (legacy completions' 16) where
         that is smaller or there is neither."""
         cap = self.max_tokens
         if asked is not None:
-            if cap is not None and asked > cap:
+            if cap is not None and asked > cap and not self.clamps:
                 raise InvalidRequest(f"`{param}` is {asked}, more than model `{model}` allows ({cap}).", param=param)
-            return asked
-        fill = self.default_max_tokens or cap
-        if fill is None:
-            return endpoint_default
-        return fill if endpoint_default is None else min(endpoint_default, fill)
+            served: int | None = asked
+        else:
+            fill = self.default_max_tokens or cap
+            served = endpoint_default if fill is None else (fill if endpoint_default is None else min(endpoint_default, fill))
+        if not self.clamps or served is None:
+            return served
+        return min(n for n in (served, cap, self.max_model_len) if n is not None)
+
+    def fit(self, error: ContextLengthExceeded, max_tokens: int | None) -> int | None:
+        """On a route that clamps: the output limit that fits the context left after the prompt,
+        as the backend's `error` told them (without the prompt's length: the whole context, for
+        an output limit over it). None where the error stands: the route rejects, the backend
+        told too little, the prompt alone fills the context, or the output limit was no part of it."""
+        if not self.clamps or max_tokens is None or error.max_model_len is None:
+            return None
+        room = error.max_model_len - (error.prompt_tokens or 0)
+        return room if 1 <= room < max_tokens else None
 
 
 def check_messages(count: int, max_messages: int) -> None:

@@ -11,6 +11,7 @@ that turns event batches into bytes, or an `EventSink` that assembles the respon
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import anyio
 import msgspec
 
 from gateway.errors import error_payload
+from gateway.flow_control import Asked, Ticket
 from gateway.observability.metrics import ArmMetrics
 from gateway.observability.request_log import Attempt
 from gateway.service.accounting import RequestAccounting
@@ -30,8 +32,8 @@ from gateway.service.shadow import fork_shadow
 from gateway.service.stream_feed import BODY_WRITER, StreamFeed, StreamWriter
 from plugins.contract.capabilities import check_capabilities
 from plugins.contract.config_types import Target
-from plugins.contract.errors import SwitchyardError, UpstreamError
-from plugins.contract.protocol import Event, RequestSpec, Usage
+from plugins.contract.errors import ContextLengthExceeded, SwitchyardError, UpstreamError
+from plugins.contract.protocol import Capabilities, Event, RequestSpec, Usage
 
 
 @dataclass
@@ -41,6 +43,22 @@ class Answer:
 
     body: Any
     backend: str
+
+
+class FittedMaxTokens:
+    """The output limit a request's attempt was served with after its route fitted it into the
+    context left (`RouteLimits.fit`); None while it was not."""
+
+    __slots__ = ("served",)
+
+    def __init__(self) -> None:
+        self.served: int | None = None
+
+
+# Where `Observed` notes a fitted output limit, for the response headers: set by
+# `gateway.http.common.answer_client` around serving a request on a route that clamps (the
+# front-ends in between pass only the request and its answer).
+FITTED_MAX_TOKENS: ContextVar[FittedMaxTokens | None] = ContextVar("switchyard_fitted_max_tokens", default=None)
 
 
 @dataclass
@@ -60,7 +78,8 @@ class Observed:
     attempts: list[Attempt] = field(default_factory=list)
     last_error: BaseException | None = None
     deadline: Deadline | None = None  # the route's `request_timeout_s`, from the request's start
-    slot: BackendLimiter | None = None  # the backend slot the current attempt holds
+    slot: BackendLimiter | Ticket | None = None  # the backend slot the current attempt holds
+    queued_ms: int | None = None  # waited in flow-control queues, over its attempts (None: never)
     on_pump: Callable[[EventPump], None] | None = None  # told each attempt's pump (to interrupt it: cancel)
     accounting: RequestAccounting | None = None  # the key's reservation and the trace, when on
     _arm: ArmMetrics | None = field(default=None, init=False)  # the metrics of the current attempt's arm
@@ -76,10 +95,12 @@ class Observed:
             resolved = gateway.pick(self.spec, plan, self.tried)
             if resolved is None:
                 return None
-            spec = msgspec.structs.replace(self.spec, upstream_model=resolved.target.model)
+            caps = resolved.backend.capabilities()
+            asked = self.accounting.asked if self.accounting is not None else None
+            spec = self._attempt_spec(resolved.target.model, caps, asked)
             self.tried.append(resolved.target)
             try:
-                check_capabilities(spec, resolved.backend.capabilities(), resolved.backend.name)
+                check_capabilities(spec, caps, resolved.backend.name)
             except SwitchyardError:
                 if len(self.tried) == 1:
                     raise  # the route's first choice cannot do it: the client's 400
@@ -91,7 +112,7 @@ class Observed:
             if self.accounting is not None:
                 spec = self.accounting.on_attempt(resolved, spec)
             if len(self.tried) == 1:
-                fork_shadow(gateway, self.spec, plan)  # once per request, once it is known to be servable
+                fork_shadow(gateway, self.spec, plan, asked.ask if asked is not None else None)  # once per request, once servable
             self.resolved, self.attempt_spec, self.served_by = resolved, spec, None
             backend = resolved.backend.name
             self._arm = gateway.metrics.arm(plan.route.name, backend)
@@ -100,15 +121,36 @@ class Observed:
             return resolved
         return None
 
+    def _attempt_spec(self, model: str, caps: Capabilities, asked: Asked | None) -> RequestSpec:
+        """The client's spec for one attempt: its upstream model; with flow control, the band's
+        `priority` for the engine — and `priority` is the gateway's own field then, never refused:
+        a backend that does not take it is not sent it (it leaves `extensions`)."""
+        if asked is None:
+            return msgspec.structs.replace(self.spec, upstream_model=model)
+        extensions = self.spec.extensions
+        if "priority" in extensions and "priority" not in caps.extensions:
+            extensions = extensions - {"priority"}
+        return msgspec.structs.replace(self.spec, upstream_model=model, priority=asked.priority, extensions=extensions)
+
     @property
     def arm(self) -> ArmMetrics:
         assert self._arm is not None
         return self._arm
 
     async def admit(self) -> None:
-        """Wait for a slot on the attempt's backend when it has `max_concurrent` (429 when its
-        queue is full)."""
-        limiter = self.gateway.limiters.get(self.resolved.backend.name)  # type: ignore[union-attr]
+        """Wait for a slot on the attempt's backend: its flow-control queue (`[server.flow_control]`:
+        in fair order while the backend is full; 429 when it sheds), else its `max_concurrent`
+        (429 when its queue is full)."""
+        backend = self.resolved.backend.name  # type: ignore[union-attr]
+        flow, asked = self.gateway.flow, self.accounting.asked if self.accounting is not None else None
+        queue = flow.queue_of(backend) if flow is not None else None
+        if queue is not None and asked is not None:
+            ticket = await queue.admit(asked.ask, self.deadline)
+            self.slot = ticket
+            if ticket.queued_ms is not None:
+                self.queued_ms = (self.queued_ms or 0) + ticket.queued_ms
+            return
+        limiter = self.gateway.limiters.get(backend)
         if limiter is not None:
             await limiter.acquire(self.deadline)
             self.slot = limiter
@@ -122,6 +164,39 @@ class Observed:
         if self.on_pump is not None:
             self.on_pump(pump)
         return pump
+
+    async def first_events(self) -> tuple[EventPump, list[Event] | None]:
+        """Start the attempt's pump and wait for its first events (None: it ended without any).
+        On a route that clamps the output (`over_max_tokens = "clamp"`), an attempt whose backend
+        says the output does not fit the context left is started once more, on the same target,
+        with the output limit that fits (`RouteLimits.fit`). The pump is closed if this raises."""
+        pump = self.start_pump()
+        try:
+            return pump, await pump.next_batch()
+        except ContextLengthExceeded as exc:
+            await self.close_pump(pump)
+            fitted = self.plan.limits.fit(exc, self.attempt_spec.sampling.max_tokens)  # type: ignore[union-attr]
+            if fitted is None:
+                raise
+        except BaseException:
+            await self.close_pump(pump)
+            raise
+        self._fit_max_tokens(fitted)
+        pump = self.start_pump()
+        try:
+            return pump, await pump.next_batch()
+        except BaseException:
+            await self.close_pump(pump)
+            raise
+
+    def _fit_max_tokens(self, max_tokens: int) -> None:
+        spec = self.attempt_spec
+        assert spec is not None and self.resolved is not None
+        self.attempt_spec = msgspec.structs.replace(spec, sampling=msgspec.structs.replace(spec.sampling, max_tokens=max_tokens))
+        self.gateway.metrics.attempts.labels(self.plan.route.name, self.resolved.backend.name, "max_tokens_fitted").inc()
+        note = FITTED_MAX_TOKENS.get()
+        if note is not None:
+            note.served = max_tokens
 
     async def close_pump(self, pump: EventPump) -> None:
         self.gateway.untrack(pump)
@@ -195,6 +270,7 @@ class Observed:
             error=error,
             attempts=self.attempts,
             replica=self.served_by,
+            queued_ms=self.queued_ms,
         )
         if (on_response := self.gateway.pm.hook.switchyard_on_response).get_hookimpls():
             on_response(spec=spec, backend=resolved.backend, usage=self.usage, outcome=outcome, timings=timings)
@@ -242,8 +318,7 @@ async def open_events(gateway: Gateway, spec: RequestSpec, on_pump: Callable[[Ev
         pump: EventPump | None = None
         try:
             await observed.admit()
-            pump = observed.start_pump()
-            first = await pump.next_batch()
+            pump, first = await observed.first_events()
         except BaseException as exc:
             if pump is not None:
                 await observed.close_pump(pump)
@@ -322,8 +397,7 @@ async def collect_events(gateway: Gateway, spec: RequestSpec, new_sink: Callable
         started = False
         try:
             await observed.admit()
-            pump = observed.start_pump()
-            batch = await pump.next_batch()
+            pump, batch = await observed.first_events()
             while batch is not None:
                 if not started:
                     started = True

@@ -9,6 +9,7 @@ Owned by the app's lifespan (`app.state.gateway`), started once and closed in `f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -22,6 +23,7 @@ import pluggy
 
 from gateway.config import Config, resolve_backend_options
 from gateway.errors import ShuttingDown
+from gateway.flow_control import FlowControl, build_flow_control
 from gateway.keys import KeyLimiter, build_key_limiter
 from gateway.keys.keyring import Redactor, authorization_of
 from gateway.observability.metrics import ArmMetrics, Metrics, observe, observe_all
@@ -30,6 +32,7 @@ from gateway.observability.request_log import Attempt, RequestLog, RequestRecord
 from gateway.observability.telemetry import Telemetry, build_telemetry
 from gateway.service.admission import BackendLimiter, RouteLimits
 from gateway.service.event_pump import EventPump
+from gateway.service.model_names import ModelNames
 from gateway.service.outcomes import error_label, outcome_of, retry_kind
 from gateway.service.request_timer import RequestTimer
 from gateway.service.route_plan import RoutePlan, validate_routes
@@ -63,6 +66,7 @@ class Gateway:
     health: HealthMonitor = field(init=False)
     request_log: RequestLog | None = field(init=False, default=None)
     limiters: dict[str, BackendLimiter] = field(init=False, default_factory=dict)  # backends with `max_concurrent`
+    flow: FlowControl | None = field(init=False, default=None)  # the backends' queues with `[server.flow_control]` on
     redact: Redactor = field(init=False)  # scrubs every known secret from error messages
     draining: bool = field(init=False, default=False)  # SIGTERM came: no new requests
     key_limiter: KeyLimiter = field(init=False)  # per-key limits (gateway/keys)
@@ -72,8 +76,10 @@ class Gateway:
     _in_flight_view: Mapping[str, int] = field(init=False)  # what routing plugins see: read-only, live
     _load_view: Mapping[str, float] = field(init=False)  # each backend's engine-reported load, read on demand
     _cut: asyncio.TimerHandle | None = field(init=False, default=None)
+    names: ModelNames = field(init=False)  # the routes' aliases and globs
 
     def __post_init__(self) -> None:
+        self.names = ModelNames(self.config.routes)
         self._in_flight_view = MappingProxyType(self.in_flight)
         self._load_view = BackendLoads(self.backends, self.in_flight)
         self.metrics.show_live(ReplicaCollector(self.backends), WORKER_MODES)
@@ -81,8 +87,9 @@ class Gateway:
         self.redact = Redactor.from_config(self.config)
         self.key_limiter = build_key_limiter(self.config, self.metrics.registry, lambda model: self.model_card(model)[1])
         self.telemetry = build_telemetry(self.config)
-        for cfg in self.config.backends:
-            if cfg.max_concurrent is not None and cfg.name in self.backends:
+        self.flow = build_flow_control(self.config, self.backends, self.metrics)
+        for cfg in self.config.backends:  # with flow control on, `max_concurrent` is its queue's capacity
+            if cfg.max_concurrent is not None and cfg.name in self.backends and self.flow is None:
                 self.limiters[cfg.name] = BackendLimiter(
                     cfg.name, max_concurrent=cfg.max_concurrent, max_queue=cfg.max_queue, queue_timeout_s=cfg.queue_timeout_s
                 )
@@ -139,11 +146,17 @@ class Gateway:
                     route = Route(name=info.id, targets=(Target(backend=name, model=info.id),))
                     self.routes[info.id] = route
                     self.plans[info.id] = RoutePlan.build(route, limits=self.default_limits)
+        for name, plan in self.plans.items():  # a route that clamps output limits to its context
+            if plan.limits.clamps:
+                limits = dataclasses.replace(plan.limits, max_model_len=self.model_card(name)[1])
+                self.plans[name] = dataclasses.replace(plan, limits=limits)
 
     async def close(self) -> None:
         if self._cut is not None:
             self._cut.cancel()
         await self.health.close()
+        if self.flow is not None:
+            await self.flow.close()
         for task in self.shadow_tasks:
             task.cancel()
         await asyncio.gather(*self.shadow_tasks, return_exceptions=True)
@@ -158,8 +171,13 @@ class Gateway:
             await asyncio.to_thread(self.telemetry.shutdown)
         self.metrics.close()
 
+    def route_name(self, model: str) -> str | None:
+        """The route a client's model name goes to (its own, an alias's, a glob's), or None."""
+        return self.names.route_of(model, self.routes)
+
     def model_card(self, name: str) -> tuple[Route, int | None]:
-        route = self.routes.get(name)
+        route_name = self.route_name(name)
+        route = None if route_name is None else self.routes.get(route_name)
         if route is None:
             raise ModelNotFound(name)
         lens = [self.model_infos.get(f"{t.backend}/{t.model}") for t in route.targets]
@@ -169,16 +187,28 @@ class Gateway:
     # -- routing -----------------------------------------------------------------------------
 
     def plan(self, model: str) -> RoutePlan:
+        """The plan of the route a client's model name goes to; `ModelNotFound` when none."""
         plan = self.plans.get(model)
         if plan is None:
-            route = self.routes.get(model)
+            name = self.route_name(model)
+            route = None if name is None else self.routes.get(name)
             if route is None:
                 raise ModelNotFound(model)
-            plan = self.plans[model] = RoutePlan.build(route, limits=self.default_limits)
+            plan = self.plans.get(route.name)
+            if plan is None:
+                plan = self.plans[route.name] = RoutePlan.build(route, limits=self.default_limits)
         return plan
+
+    def strips_billing_header(self, model: str) -> bool:
+        """Whether requests for `model` lose Claude Code's billing line (`strip_billing_header`:
+        the route's, else the server's)."""
+        return self.limits_for(model).strip_billing_header
 
     def limits_for(self, model: str) -> RouteLimits:
         plan = self.plans.get(model)
+        if plan is None:
+            name = self.route_name(model)
+            plan = None if name is None else self.plans.get(name)
         return self.default_limits if plan is None else plan.limits
 
     # -- draining ------------------------------------------------------------------------------
@@ -210,12 +240,16 @@ class Gateway:
             pump.interrupt(ShuttingDown("The server shut down before the request completed."))
         for limiter in self.limiters.values():
             limiter.fail_waiters(ShuttingDown())
+        if self.flow is not None:
+            self.flow.fail_waiters(ShuttingDown())
 
     def with_routing_keys(self, spec: RequestSpec, headers: Mapping[str, str]) -> RequestSpec:
         """`spec` with the client headers its route keys on (a sticky route's `header:` sources)
         copied into `spec.headers`, and a SHA-256 of the client's bearer token when the route
         keys on `api_key` (or on Anthropic's `x-api-key`). Credentials themselves are never copied."""
         plan = self.plans.get(spec.model)
+        if plan is None and (name := self.route_name(spec.model)) is not None:
+            plan = self.plans.get(name)
         if plan is None or not (plan.key_headers or plan.key_api_key):
             return spec
         copied: dict[str, str] = {}
@@ -277,10 +311,12 @@ class Gateway:
         attempts: list[Attempt],
         shadow: bool = False,
         replica: str | None = None,
+        queued_ms: int | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Metrics, the backend's breaker and the request log for one finished request (or
         shadow copy); `replica`: the one that served (or was tried last), when the backend has
-        replicas. Returns the outcome and the timings (for the `on_response` hook)."""
+        replicas; `queued_ms`: how long it waited in flow-control queues (None: it did not).
+        Returns the outcome and the timings (for the `on_response` hook)."""
         outcome = outcome_of(error)
         arm.finished(outcome)
         timings = timer.as_dict()
@@ -324,6 +360,8 @@ class Gateway:
                     attempts=attempts,
                     prompt=(spec.messages if spec.messages is not None else spec.prompt) if self.config.server.log_prompts else None,
                     replica=replica,
+                    queued_ms=queued_ms,
+                    session=spec.session,
                 )
             )
         return outcome, timings

@@ -10,6 +10,7 @@ import pluggy
 
 from gateway.config import Config, ShadowConfig
 from gateway.service.admission import RouteLimits
+from gateway.service.model_names import is_glob
 from plugins.contract.config_types import Route, Target
 from plugins.contract.errors import ConfigError
 from plugins.routing import STRATEGIES, check_options
@@ -61,7 +62,9 @@ class RoutePlan:
 
 
 def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
-    """Every route names a strategy some plugin provides; the built-in strategies' options decode."""
+    """Every route names a strategy some plugin provides; the built-in strategies' options decode;
+    its names (`validate_names`) are unambiguous."""
+    validate_names(config)
     strategies = {name for names in pm.hook.switchyard_route_strategies() for name in names}
     builtin_routing = pm.get_plugin("routing") is routing_hooks
     for i, (route, resolved) in enumerate(zip(config.routes, config.routes_resolved())):
@@ -75,3 +78,24 @@ def validate_routes(config: Config, pm: pluggy.PluginManager) -> None:
                 check_options(resolved, f"routes[{i}]")
             except ConfigError as exc:
                 raise ConfigError(f"{config.source}: {exc.message}", param=exc.param) from None
+
+
+def validate_names(config: Config) -> None:
+    """An exact alias is no other route's name or alias; a route named by a glob names each
+    target's (and its shadow's) model, since the client's name is none of them."""
+    owner = {route.name: f"routes[{i}].name" for i, route in enumerate(config.routes)}
+    for i, route in enumerate(config.routes):
+        for j, alias in enumerate(route.aliases):
+            key = f"routes[{i}].aliases[{j}]"
+            if not is_glob(alias) and alias in owner:
+                raise ConfigError(f"{config.source}: alias {alias!r} of route {route.name!r} is already {owner[alias]} "
+                                  f"at `{key}`", param=key)
+            owner.setdefault(alias, key)
+        if not is_glob(route.name):
+            continue
+        unnamed = [f"routes[{i}].targets[{j}].model" for j, t in enumerate(route.targets) if t.model is None]
+        if route.shadow is not None and route.shadow.model is None:
+            unnamed.append(f"routes[{i}].shadow.model")
+        if unnamed:
+            raise ConfigError(f"{config.source}: route {route.name!r} is a glob: say which model it serves at "
+                              f"`{unnamed[0]}`", param=unnamed[0])

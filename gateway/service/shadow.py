@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.flow_control import Ask, Ticket
 from gateway.observability.request_log import Attempt
 from gateway.service.outcomes import error_label
 from gateway.service.request_timer import RequestTimer, is_token_event
@@ -23,10 +24,14 @@ if TYPE_CHECKING:
     from gateway.service.route_plan import RoutePlan
 
 
-def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan) -> None:
+SHADOW_TENANT = "shadow"  # whose turn a copy takes in a flow-control queue: never the client's
+
+
+def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, ask: Ask | None = None) -> None:
     """Mirror `spec` to the route's shadow backend for `shadow.fraction` of requests, unless
-    the copies are at their `max_concurrent`, the backend's breaker is open or it is full. The
-    copy's task is one of `gateway.shadow_tasks` (cancelled when the gateway closes)."""
+    the copies are at their `max_concurrent`, the backend's breaker is open or it is full (its
+    flow-control queue has waiters: reason `queue`). `ask`: the request's own, with flow control
+    on. The copy's task is one of `gateway.shadow_tasks` (cancelled when the gateway closes)."""
     shadow = plan.shadow
     if shadow is None or (shadow.fraction < 1.0 and random.random() >= shadow.fraction):
         return
@@ -42,6 +47,10 @@ def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan) -> None:
     if limiter is not None and not limiter.can_admit_now():
         skipped.labels(route, shadow.backend, "at_capacity").inc()
         return
+    queue = gateway.flow.queue_of(shadow.backend) if gateway.flow is not None else None
+    if queue is not None and queue.num_waiting:
+        skipped.labels(route, shadow.backend, "queue").inc()
+        return
     backend = gateway.backends[shadow.backend]
     copy = msgspec.structs.replace(spec, upstream_model=plan.shadow_model, request_id=spec.request_id + "-shadow")
     try:
@@ -50,12 +59,14 @@ def fork_shadow(gateway: Gateway, spec: RequestSpec, plan: RoutePlan) -> None:
         skipped.labels(route, shadow.backend, "unsupported").inc()
         return
     target = Target(backend=shadow.backend, model=plan.shadow_model)
-    task = asyncio.get_running_loop().create_task(_run(gateway, copy, plan, target, backend))
+    shadow_ask = None if ask is None else msgspec.structs.replace(ask, tenant=SHADOW_TENANT, weight=1.0, slo_s=None)
+    task = asyncio.get_running_loop().create_task(_run(gateway, copy, plan, target, backend, shadow_ask))
     gateway.shadow_tasks.add(task)
     task.add_done_callback(gateway.shadow_tasks.discard)
 
 
-async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend) -> None:
+async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Target, backend: Backend,
+               ask: Ask | None) -> None:
     timer = RequestTimer()
     usage: Usage | None = None
     error: BaseException | None = None
@@ -63,6 +74,13 @@ async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Tar
     if limiter is not None and not limiter.try_acquire():
         gateway.metrics.shadow_skipped.labels(plan.route.name, backend.name, "at_capacity").inc()
         return
+    queue = gateway.flow.queue_of(backend.name) if gateway.flow is not None else None
+    ticket: Ticket | None = None
+    if queue is not None:
+        ticket = await queue.try_admit(ask or Ask(SHADOW_TENANT, 0, 1))
+        if ticket is None:
+            gateway.metrics.shadow_skipped.labels(plan.route.name, backend.name, "queue").inc()
+            return
     gateway.in_flight[backend.name] = gateway.in_flight.get(backend.name, 0) + 1
     events = backend.generate(spec)
     try:
@@ -77,6 +95,8 @@ async def _run(gateway: Gateway, spec: RequestSpec, plan: RoutePlan, target: Tar
         gateway.in_flight[backend.name] -= 1
         if limiter is not None:
             limiter.release()
+        if ticket is not None:
+            ticket.release()
         try:
             await events.aclose()  # type: ignore[attr-defined]
         except BaseException:  # noqa: BLE001 - closing a failed shadow must not raise

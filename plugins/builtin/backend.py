@@ -197,6 +197,10 @@ class BuiltinBackend:
         """Requests running or waiting in the engine (`least_load` across a route's targets)."""
         return float(self.engine.num_unfinished()) if self.engine is not None else float("inf")
 
+    def max_running(self) -> int:
+        """Sequences the engine batches at once (`max_num_seqs`): its slots for flow control."""
+        return self.options.max_num_seqs
+
     def replica_stats(self) -> list[ReplicaStats]:
         """The engine as a fleet of one (replica `local`), for the `switchyard_replica_*` gauges."""
         engine = self.engine

@@ -122,6 +122,9 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     session: str | None = None  # the agent session it belongs to (see above); None: none said
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
+    # the output limit the client asked for, where its route (`over_max_tokens = "clamp"`) lowered
+    # it to `sampling.max_tokens`: the gateway says so in a response header; backends ignore it
+    max_tokens_asked: int | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

@@ -202,6 +202,10 @@ class Fleet:
     def routable(self, replica: Replica) -> bool:
         return not replica.draining and self.monitor.can_route(replica.url)
 
+    def routable_replicas(self) -> list[Replica]:
+        """The replicas that may take a request now (not draining, breaker not open)."""
+        return [r for r in self.replicas.values() if self.routable(r)]
+
     def choose(self, spec: RequestSpec, tried: Sequence[Replica] = ()) -> Replica:
         """The replica for the next attempt of `spec` (counted in flight until `finished`)."""
         candidates = [r for r in self.replicas.values() if r not in tried and self.routable(r)]
@@ -244,7 +248,7 @@ class Fleet:
     def any_replica(self) -> Replica:
         """A replica for a side request (catalogue, tokenize): the least loaded routable one,
         else any that is not draining (its breaker may not have been asked yet)."""
-        routable = [r for r in self.replicas.values() if self.routable(r)]
+        routable = self.routable_replicas()
         if routable:
             return min(routable, key=Replica.load)
         active = [r for r in self.replicas.values() if not r.draining]
@@ -263,7 +267,7 @@ class Fleet:
 
     def load(self) -> float:
         """Requests per routable replica, as routing believes them (inf when none is routable)."""
-        loads = [r.load() for r in self.replicas.values() if self.routable(r)]
+        loads = [r.load() for r in self.routable_replicas()]
         return sum(loads) / len(loads) if loads else math.inf
 
     def _start_scraping(self, replica: Replica) -> None:

@@ -54,6 +54,7 @@ class PrefixCacheOptions(_Options):
     min_match_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.5
     load_margin: Annotated[float, Meta(ge=0.0)] = 4.0
     replica_cache_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_sessions: Annotated[int, Meta(ge=0)] = 65536  # agent sessions remembered (LRU); 0: sessions not used
 
 
 class ReplicaBreakerOptions(_Options):

@@ -2,10 +2,12 @@
 key and the route's name, so every replica and every restart agrees without shared state, a
 target that goes down moves only its own keys, and a weight change moves only the share it must.
 
-The key is the first of the route's `options.key` sources the request has: `"user"` (the body's
-`user` field), `"header:<name>"` (a client header the gateway copied into `RequestSpec.headers`),
-`"api_key"` (a hash of the client's API key, which the gateway puts under `API_KEY_HASH_HEADER`;
-never the key). A request with none of them is split by weight.
+The key is the first of the route's `options.key` sources the request has: `"session"` (the
+agent session it belongs to, `RequestSpec.session`: `prompt_cache_key`, Claude Code's or Codex's
+session id), `"user"` (the body's `user` field), `"header:<name>"` (a client header the gateway
+copied into `RequestSpec.headers`), `"api_key"` (a hash of the client's API key, which the
+gateway puts under `API_KEY_HASH_HEADER`; never the key). A request with none of them is split
+by weight.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from plugins.routing.weighted import pick_weighted
 # API key (hex SHA-256 of the bearer token): stable per key, useless to anyone who reads it.
 API_KEY_HASH_HEADER = "x-switchyard-api-key-hash"
 DEFAULT_STICKY_KEY = ("user", "api_key")
+KEY_SOURCES = frozenset({"session", "user", "api_key"})  # and `header:<name>`
 # Client headers that carry credentials: never a routing key, never copied into a RequestSpec.
 AUTH_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"})
 
@@ -43,7 +46,9 @@ def sticky_key(spec: RequestSpec, sources: Sequence[str]) -> str | None:
     """The first source the request carries, tagged with its kind (so a user named like a
     session id is not the same key)."""
     for source in sources:
-        if source == "user":
+        if source == "session":
+            value = spec.session
+        elif source == "user":
             value = spec.user
         elif source == "api_key":
             value = spec.headers.get(API_KEY_HASH_HEADER)
@@ -82,9 +87,9 @@ class Sticky:
         assert isinstance(options, StickyOptions)
         for source in options.key:
             header = source.removeprefix("header:").lower()
-            if source not in ("user", "api_key") and not (source.startswith("header:") and header):
+            if source not in KEY_SOURCES and not (source.startswith("header:") and header):
                 raise ConfigError(
-                    f"sticky key source {source!r} is not `user`, `api_key` or `header:<name>` at `{where}.options.key`",
+                    f"sticky key source {source!r} is not `session`, `user`, `api_key` or `header:<name>` at `{where}.options.key`",
                     param=f"{where}.options.key",
                 )
             if source.startswith("header:") and header in AUTH_HEADERS:

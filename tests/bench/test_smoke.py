@@ -106,6 +106,18 @@ def test_fleet_routing_smoke(tmp_path: Path) -> None:
     assert sum(row["replica_share"].values()) == pytest.approx(1.0, abs=0.01) and "?" not in row["replica_share"]
 
 
+def test_agent_sessions_smoke(tmp_path: Path) -> None:
+    from engines import install
+
+    if not install.llamacpp_installed():
+        pytest.skip("llama.cpp is not installed; run `python -m engines.install llamacpp`")
+    report = run_script("agent_sessions", tmp_path, "--arms", "switchyard")
+    (row,) = report["rows"]
+    assert row["arm"] == "switchyard" and row["errors"] == 0 and row["requests"] == 4, row
+    assert row["sessions_on_one_replica"] == "2/2" and row["cached_ratio_later"] > 0.5, row
+    assert row["gateway_cpu_s_per_1k"] is not None and row["ttft_later_p50_s"] is not None
+
+
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """bench/gpu_check.py on the CPU: kernels in Triton's interpreter, the tiny model's bfloat16
     tokens against float32, throughput with the compiled decode step on and off."""
@@ -160,3 +172,14 @@ def test_cpu_by_load_small(tmp_path: Path) -> None:
     for row in rows:  # (a few requests may take less CPU than one 10 ms tick: a figure of 0, its ratio "–")
         assert len(row) == len(header) and all(float(cell) >= 0 for cell in row[1:1 + len(arms)]), proc.stdout
         assert all(cell == "–" or float(cell) >= 0 for cell in row[1 + len(arms):]), proc.stdout
+
+
+def test_flow_control_scripts_small() -> None:
+    """The flood benchmark's plan (its trace, no server) and the fast path's timing on a few calls."""
+    plan = subprocess.run([sys.executable, str(ROOT / "bench" / "flow_control.py"), "--plan", "--short"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0 and "'A': " in plan.stdout and "'B': " in plan.stdout, plan.stdout + plan.stderr
+    fast = subprocess.run([sys.executable, str(ROOT / "bench" / "flow_control_fast_path.py"), "--calls", "200", "--rounds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fast.returncode == 0, fast.stdout[-4000:] + fast.stderr[-4000:]
+    assert "FlowQueue admit+release+turn" in fast.stdout and "CPU beyond a loop turn" in fast.stdout, fast.stdout

@@ -68,7 +68,7 @@ def test_an_unchanged_tree_reuses_the_image(built_image, podman_base):
 
 
 def test_workers_auto_follows_the_containers_cpu_limit(image):
-    count = ["python3", "-c", "from gateway.workers import worker_count; print(worker_count('auto'))"]
+    count = ["python3", "-c", "from gateway.worker_pool import worker_count; print(worker_count('auto'))"]
     limited = in_image(image, *count, extra=("--cpus", "1"))
     assert limited.returncode == 0, limited.stderr
     assert limited.stdout.decode().strip() == "1"

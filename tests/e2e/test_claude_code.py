@@ -179,7 +179,7 @@ def test_a_tool_round_trip(gateway: Gateway, tmp_path: Path) -> None:
     note.write_text(NOTE + "\n")
     call = json.dumps({"file_path": str(note)}, separators=(",", ":"))
     before = len(gateway.requests())
-    run = run_claude(f"CALL Read {call}", base=gateway.base, home=tmp_path, model="claude-script")
+    run = run_claude(f"CALLJSON Read {call}", base=gateway.base, home=tmp_path, model="claude-script")
     (use,) = [b for b in run.blocks("assistant") if b["type"] == "tool_use"]
     assert use["name"] == "Read" and use["input"] == {"file_path": str(note)}
     (result,) = [b for b in run.blocks("user") if b["type"] == "tool_result"]

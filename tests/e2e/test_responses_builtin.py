@@ -3,9 +3,11 @@ engine: the official `openai` client, and the OpenAI Agents SDK running an agent
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import openai
@@ -163,9 +165,14 @@ def test_agents_sdk_runs_an_agent_with_a_tool(base_url: str) -> None:
         calls.append(city)
         return f"Sunny in {city}."
 
-    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=AsyncOpenAI(base_url=base_url + "/v1", api_key="unused"))
-    agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather], model=model,
-                         model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0),
-                         tool_use_behavior="stop_on_first_tool")
-    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    async def run() -> Any:
+        # closed in the loop that opened it, not by the garbage collector in a later test's loop
+        async with AsyncOpenAI(base_url=base_url + "/v1", api_key="unused") as openai_client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=openai_client)
+            agent = agents.Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
+                                 model=model, tool_use_behavior="stop_on_first_tool",
+                                 model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0))
+            return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+
+    result = asyncio.run(run())
     assert len(calls) == 1 and result.final_output == f"Sunny in {calls[0]}."

@@ -4,10 +4,10 @@ delays and cancel log) plus what a real engine also produces:
 
 - `THINK a b c ANSWER x y`: reasoning `a b c` (ReasoningDelta events), then the text `x y`;
 - `CALL <tool> <word>`: a call of `<tool>` with arguments `{"city": "<word>"}`, sent in two
-  fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM).
-  `<word>` may be a JSON object written without spaces (`CALL Read {"file_path":"/tmp/a"}`):
-  those are the arguments. `CALL` may stand anywhere in the text (an agent CLI puts its own
-  reminders before the user's words);
+  fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM);
+- `CALLJSON <tool> <json>`: a call of `<tool>` whose arguments are the rest of the message (the
+  words joined by single spaces), sent in two fragments, finishing as `CALL` does. Either may
+  stand anywhere in the text (an agent CLI puts its own reminders before the user's words);
 - a word that is one of the request's stop strings ends the text, and `Finish` names it;
 - a `tool` message last: the answer is `result: <its content>`;
 - the script is read from the last message that is not a system message (an agent CLI's
@@ -73,18 +73,20 @@ class ScriptBackend(EchoBackend):
             cut = words.index("ANSWER") if "ANSWER" in words else len(words)
             events += [ReasoningDelta(text=w if i == 0 else " " + w) for i, w in enumerate(words[1:cut])]
             words = words[cut + 1:]
-        at = words.index("CALL") if "CALL" in words and last.get("role") != "tool" else -1
-        if at >= 0 and len(words) >= at + 3:
+        calls = [i for i, w in enumerate(words) if w in ("CALL", "CALLJSON")] if last.get("role") != "tool" else []
+        if calls and len(words) >= calls[0] + 3:
             named = isinstance(spec.tool_choice, dict)
-            tool, argument = words[at + 1], words[at + 2]
-            if argument.startswith("{"):
-                call_id = "call_" + hashlib.sha256(argument.encode()).hexdigest()[:12]
-                first, rest = argument[: len(argument) // 2], argument[len(argument) // 2:]
+            at = calls[0]
+            if words[at] == "CALL":
+                call_id = "call_" + words[at + 2].lower()
+                fragments = ('{"city": ', msgspec.json.encode(words[at + 2]).decode() + "}")
             else:
-                call_id, first, rest = "call_" + argument.lower(), '{"city": ', msgspec.json.encode(argument).decode() + "}"
+                arguments = " ".join(words[at + 2:])
+                call_id = "call_" + hashlib.sha256(arguments.encode()).hexdigest()[:12]
+                fragments = (arguments[:len(arguments) // 2], arguments[len(arguments) // 2:])
             events += [
-                ToolCallDelta(tool_index=0, id=call_id, name=tool, arguments=first),
-                ToolCallDelta(tool_index=0, arguments=rest),
+                ToolCallDelta(tool_index=0, id=call_id, name=words[at + 1], arguments=fragments[0]),
+                ToolCallDelta(tool_index=0, arguments=fragments[1]),
                 Finish(reason="stop" if named else "tool_calls"),
             ]
             return events

@@ -81,10 +81,10 @@ SDK_REQUESTS = (
 # The gateway's request struct that decodes each API's body (dotted path; None: not served).
 # Claude Code calls the beta endpoint (`?beta=true`) and Codex the Responses API.
 GATEWAY_STRUCTS: dict[str, str | None] = {
-    "openai.chat.completions": "gateway.schemas.ChatCompletionRequest",
-    "openai.completions": "gateway.schemas.CompletionRequest",
+    "openai.chat.completions": "gateway.chat_api.schemas.ChatCompletionRequest",
+    "openai.completions": "gateway.chat_api.schemas.CompletionRequest",
     "openai.responses": "gateway.responses_api.schemas.ResponsesRequest",
-    "openai.embeddings": "gateway.embeddings_api.EmbeddingsRequest",
+    "openai.embeddings": "gateway.embeddings_api.schemas.EmbeddingsRequest",
     "anthropic.messages": "gateway.messages_api.schemas.MessagesRequest",
     "anthropic.beta.messages": "gateway.messages_api.schemas.MessagesRequest",
     "anthropic.messages.count_tokens": "gateway.messages_api.schemas.CountTokensRequest",

@@ -41,7 +41,8 @@ C = TypeVar("C", bound=Candidate)
 
 class Choice(NamedTuple, Generic[C]):
     candidate: C
-    reason: str  # a bounded label: round_robin, least_busy, least_load, prefix_hit, prefix_miss, prefix_overloaded
+    reason: str  # a bounded label: round_robin, least_busy, least_load, prefix_hit, prefix_miss, prefix_overloaded,
+    # session_hit, session_new, session_moved
 
 
 class Balancer(Protocol):

@@ -9,6 +9,8 @@ is cached under ~/.cache/switchyard/compile, so a warm machine loads it instead 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from builtin_engine.runner.step_graph import CompiledStep
 from builtin_engine.scheduling.sampling_params import SamplingParams
 from builtin_engine.scheduling.scheduler import ScheduledChunk
 from builtin_engine.scheduling.sequence import Sequence
-from tests.builtin_engine.conftest import HFReference, collect
+from tests.builtin_engine.conftest import collect
 from tests.builtin_engine.test_hf_parity import TINY_LENGTHS, make_prompts, run_staggered
 
 if not resolve_placement("cpu", "bfloat16").compile:
@@ -98,37 +100,105 @@ def test_batch_under_preemption_and_prefix_hits_gives_one_at_a_time_tokens(engin
 # ---- the real default model -------------------------------------------------------------------
 
 
-def _tie_gap(model, ids: list[int]) -> float:  # noqa: ANN001
-    """transformers' bfloat16 next-token logits after `ids`: the gap between its top two, in
-    units of one bfloat16 ulp at the top logit's magnitude (0: an exact tie)."""
+def _ulp(value: float) -> float:
+    """One bfloat16 ulp at `value`'s magnitude."""
+    return 2.0 ** (math.floor(math.log2(abs(value))) - 7)
+
+
+def _greedy_logits(model, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:  # noqa: ANN001
+    """transformers' greedy tokens (the end token allowed, not stopping) and the logits `generate`
+    chose each from, [new_tokens, V] float32."""
     with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0, -1].float()
-    top = logits.topk(2).values
-    ulp = 2.0 ** (torch.floor(torch.log2(top[0].abs())).item() - 7)
-    return (top[0] - top[1]).item() / ulp
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, top_k=None, top_p=None,
+                             temperature=None, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, len(prompt):].tolist(), torch.cat(out.logits).float()
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), MAX_NEW)
+
+
+def _margin_shifts(ref: list[int], ref_logits: torch.Tensor, other: list[int],
+                   other_logits: torch.Tensor) -> list[float]:
+    """At every step where `other` has the same tokens before it as `ref`: how far `other`'s
+    logits move the margin between `ref`'s top two tokens, in bfloat16 ulps at the top logit (inf
+    where `other` lacks one of the two: our logprobs hold only the top 20)."""
+    shifts = []
+    for r, o in zip(ref_logits[:_first_divergence(ref, other) + 1], other_logits):
+        top = r.topk(2)
+        a, b = top.indices.tolist()
+        shift = abs(((o[a] - o[b]) - (r[a] - r[b])).item()) / _ulp(top.values[0].item())
+        shifts.append(shift if math.isfinite(shift) else math.inf)
+    return shifts
 
 
 @pytest.mark.slow
 def test_default_model_follows_transformers_in_bfloat16(make_engine, default_model_dir) -> None:  # noqa: ANN001
-    """Every prompt follows transformers' bfloat16 greedy tokens for all MAX_NEW tokens, or leaves
-    them where transformers itself stands at a tie (its top two logits within one bfloat16 ulp,
-    which the last bits of attention's exp and summation order may break either way; transformers'
-    own eager attention leaves its sdpa tokens on 5 of these 8 prompts: bench/bf16_parity.py).
-    The first divergence positions and transformers' top-two gaps there are printed."""
+    """On the 8 chat prompts, against transformers' bfloat16 greedy `generate` (sdpa attention),
+    with transformers' own eager attention as the measure of what bfloat16 leaves undecided:
+
+    - every prompt follows transformers' tokens for all MAX_NEW tokens, or leaves them where our
+      token's logit is within `tie` bfloat16 ulps of transformers' chosen one (in the logits
+      `generate` chose from); `tie` is the largest amount by which transformers' eager attention
+      moves the margin between sdpa's top two tokens over the steps they share, at least 1 (each
+      logit is rounded to bfloat16: a 1-ulp gap is anything from 0 to 2 unrounded);
+    - over the steps we share with transformers, we move that margin on average at most twice as
+      much as its eager attention does (ours from our raw logprobs, the top 20).
+
+    A bfloat16 forward's last bits (attention's exp and summation order; the GEMMs' accumulation
+    order, which oneDNN picks per ISA) move top-two margins by several ulps, and which near-ties a
+    run tips over is chance. On these prompts (bench/README.md, "bfloat16 parity on a Xeon with
+    AMX"), margin shift max / mean: 2-core Xeon with AMX, transformers eager vs sdpa 5 / 0.62 ulps,
+    transformers sdpa with AMX vs without (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16) 3 / 0.58, ours vs
+    sdpa 3 / 0.61; AMX off, eager vs sdpa 3 / 0.73, ours vs sdpa 3 / 0.62. There our layer 0 is
+    bit-equal to transformers' up to attention (q after rope), whose output differs in the last bit
+    in 251 of 15,552 values, AMX on or off, and our packed GEMMs give transformers' matmul bits. The
+    fixed 1-ulp tie this test had held on the AMD EPYC by chance: here ours leaves a 2-ulp gap (AMX
+    on), and the gap the test measured then, from a separate full forward rather than the logits
+    `generate` chose from, read 2 ulps with AMX off where `generate` had an exact tie. A rope theta
+    of 10,000 instead of the model's 100,000 fails both checks (a 7-ulp gap; mean shift 3.05, 5x
+    transformers'), a norm without its weight fails at gaps of 58-253 ulps; an attention scale 1%
+    high or the norm's variance summed in bfloat16 pass (divergences at gaps of 0-2 ulps, mean
+    shift 0.73 and 0.68): below what bfloat16 greedy tokens resolve. The first divergences, the
+    gaps there and both bounds are printed."""
+    from transformers import AutoModelForCausalLM
+
     from bench.bf16_parity import chat_prompts
 
     prompts = chat_prompts(str(default_model_dir))
-    hf = HFReference(default_model_dir, dtype=torch.bfloat16)
     engine = make_engine(default_model_dir, dtype="bfloat16", compile=False, max_num_batched_tokens=64)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=True, top_logprobs=20)
     handles = [engine.add_request(prompt, params) for prompt in prompts]
     while engine.has_work():
         engine.step()
+    ours = []
+    for handle in handles:
+        steps = [lp for out in collect(handle)[2] for choice in out.choices for lp in choice.logprobs or ()]
+        logits = torch.full((len(steps), engine.model_config.vocab_size), -math.inf)
+        for row, step in zip(logits, steps):
+            row[[t for t, _ in step.top]] = torch.tensor([v for _, v in step.top])
+        ours.append(([step.token_id for step in steps], logits))
+    runs = {}
+    for attention in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16,
+                                                     attn_implementation=attention).eval()
+        runs[attention] = [_greedy_logits(model, prompt, MAX_NEW) for prompt in prompts]
+    theirs = [s for ref, other in zip(runs["sdpa"], runs["eager"]) for s in _margin_shifts(*ref, *other)]
+    mine = [s for ref, other in zip(runs["sdpa"], ours) for s in _margin_shifts(*ref, *other)]
+    tie = max(1.0, *theirs)
     firsts, gaps = [], []
-    for prompt, handle in zip(prompts, handles):
-        ours, ref = collect(handle)[0][0], hf.greedy(prompt, MAX_NEW, ignore_eos=True)
-        first = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), MAX_NEW)
+    for (tokens, _), (ref, logits) in zip(ours, runs["sdpa"]):
+        first = _first_divergence(tokens, ref)
         firsts.append(first)
-        gaps.append(None if first == MAX_NEW else _tie_gap(hf.model, prompt + ref[:first]))
-    print("first divergence per prompt:", firsts, "transformers' top-2 gap there (bf16 ulps):", gaps)
-    assert all(first == MAX_NEW or gap <= 1 for first, gap in zip(firsts, gaps)), (firsts, gaps)
+        if first == MAX_NEW:
+            gaps.append(None)
+        else:
+            chosen, taken = logits[first, ref[first]].item(), logits[first, tokens[first]].item()
+            gaps.append((chosen - taken) / _ulp(chosen))
+    mean_theirs, mean_mine = sum(theirs) / len(theirs), sum(mine) / len(mine)
+    print("first divergence per prompt:", firsts, "transformers' gap to our token there (bf16 ulps):", gaps,
+          f"tie {tie}; mean margin shift: ours {mean_mine:.2f}, transformers eager {mean_theirs:.2f}; eager's first"
+          " divergence from sdpa:", [_first_divergence(e, r) for (e, _), (r, _) in zip(runs["eager"], runs["sdpa"])])
+    assert all(first == MAX_NEW or gap <= tie for first, gap in zip(firsts, gaps)), (firsts, gaps, tie)
+    assert mean_mine <= 2 * mean_theirs, (mean_mine, mean_theirs)

@@ -152,7 +152,7 @@ ROWS: list[tuple[str, str, dict[str, Any], str | None, str]] = [
     ("missing-model", CHAT, {"model": DROP}, "model", "model"),
     ("missing-messages", CHAT, {"messages": DROP}, "messages", "messages"),
     ("deprecated-functions", CHAT, {"functions": [{"name": "f"}]}, "functions", "tools"),
-    ("deprecated-function_call", CHAT, {"function_call": "auto"}, "functions", "tools"),
+    ("deprecated-function_call", CHAT, {"function_call": "auto"}, "function_call", "tool_choice"),
     ("audio-output", CHAT, {"modalities": ["text", "audio"]}, "modalities", "Audio"),
     ("seed-out-of-int64", CHAT, {"seed": 2**63}, "seed", "seed"),
     ("reasoning_effort-unknown", CHAT, {"reasoning_effort": "extreme"}, "reasoning_effort", "extreme"),

@@ -46,6 +46,7 @@ BAD = [
     ("bad-value-type", '[server]\nport = "eighty"\n' + GOOD, "`server.port`", "Expected `int`"),
     ("bad-value-range", "[server]\nport = 70000\n" + GOOD, "`server.port`", "<= 65535"),
     ("bad-max_n", "[server]\nmax_n = 0\n" + GOOD, "`server.max_n`", ">= 1"),
+    ("bad-strip_billing_header", '[server]\nstrip_billing_header = "on"\n' + GOOD, "`server.strip_billing_header`", "Expected `bool`"),
     ("unknown-plugins-key", GOOD.replace("[plugins]", "[plugins]\nenable = []"), "`plugins.enable`", "unknown key"),
     ("unknown-backend-type", GOOD.replace('type = "echo"', 'type = "nope"'), "`backends[0].type`", "'nope'"),
     ("unknown-backend-key", GOOD.replace('type = "echo"', 'type = "echo"\nkind = "x"'), "`backends[0].kind`", "unknown key"),
@@ -57,6 +58,10 @@ BAD = [
     ("unknown-routing-strategy", GOOD + ROUTE.replace('name = "chat"', 'name = "chat"\nstrategy = "roulette"'), "`routes[0].strategy`", "'roulette'"),
     ("route-without-targets", GOOD + '\n[[routes]]\nname = "r"\ntargets = []\n', "`routes[0].targets`", "length >= 1"),
     ("negative-weight", GOOD + ROUTE.replace("weight = 3", "weight = -1"), "`routes[0].targets[0].weight`", ">= 0"),
+    ("bad-hosted-tools", '[server]\nhosted_tools = "maybe"\n' + GOOD, "`server.hosted_tools`", "'maybe'"),
+    ("bad-route-hosted-tools", GOOD + ROUTE.replace('name = "chat"', 'name = "chat"\nhosted_tools = "keep"'),
+     "`routes[0].hosted_tools`", "'keep'"),
+    ("empty-reasoning-key-file", '[responses]\nreasoning_key_file = " "\n' + GOOD, "`responses.reasoning_key_file`", "empty"),
     ("not-toml", "[server\n", "", "not valid TOML"),
     ("source-is-not-a-key", 'source = "x"\n' + GOOD, "`source`", "unknown key"),
 ]

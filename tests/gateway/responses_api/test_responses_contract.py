@@ -174,7 +174,7 @@ def test_errors_in_openai_shape(client: openai.OpenAI, base: str) -> None:
         ({"model": "echo-1", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
          "input[0].content[0]"),
         ({"model": "echo-1", "input": [{"type": "function_call_output", "call_id": "call_1", "output": "4"}]}, "input[0].call_id"),
-        ({"model": "echo-1", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": "echo-1", "input": "x", "tools": [{"type": "telepathy"}]}, "tools[0].type"),
         ({"model": "echo-1", "input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
         ({"model": "echo-1", "input": "x", "text": {"format": {"type": "json_object"}}}, "response_format"),
         ({"model": "echo-1", "input": "x", "background": True}, "background"),

@@ -116,7 +116,10 @@ async def test_shadow_copies_are_fire_and_forget(tmp_path: Path) -> None:
             await gateway.shadow_tasks.pop()
         text = gateway.metrics.render().decode()
         mirrored = metric(text, "switchyard_shadow_requests_total", route="r", backend="mirror")
-        assert 60 <= mirrored <= 140, mirrored  # half of 200, give or take
+        # a copy drawn but not sent is counted as skipped (at its max_concurrent when the machine
+        # is slow to finish the copies): the draws are both, half of 200, give or take
+        skipped = metric(text, "switchyard_shadow_skipped_total", route="r", backend="mirror")
+        assert 60 <= mirrored + skipped <= 140 and mirrored > 0, (mirrored, skipped)
         assert metric(text, "switchyard_shadow_requests_total", route="r", backend="mirror", outcome="error:UpstreamError") == mirrored
         assert metric(text, "switchyard_shadow_time_to_first_token_seconds_count", route="r", backend="mirror") == mirrored
         assert metric(text, "switchyard_requests_total", backend="mirror") == 0

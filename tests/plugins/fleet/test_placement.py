@@ -1,15 +1,23 @@
-"""The placement policies and the prefix index, on plain candidates: bounded memory,
-determinism, spreading distinct prefixes, following a prefix, the load margin, staleness."""
+"""The placement policies, the prefix index and the session table, on plain candidates: bounded
+memory, determinism, spreading distinct prefixes, following a prefix, the load margin,
+staleness; agent sessions spread, stay, and move off an overloaded replica."""
 
 from __future__ import annotations
 
 import random
 import sys
 import time
+import tracemalloc
+import uuid
 from dataclasses import dataclass
 
+import msgspec
+
+from plugins.contract.protocol import RequestSpec
 from plugins.fleet.balance import make_balancer
 from plugins.fleet.balance.prefix_index import PrefixIndex, prompt_blocks
+from plugins.fleet.balance.session_table import ENTRY_BYTES as SESSION_ENTRY_BYTES
+from plugins.fleet.balance.session_table import SessionTable
 from plugins.fleet.load_signals import LoadSnapshot
 from plugins.fleet.options import PrefixCacheOptions
 from plugins.fleet.replica import Replica
@@ -159,3 +167,107 @@ def test_a_stale_load_signal_falls_back_to_the_gateway_in_flight_count() -> None
     assert replica.load() == 9.0
     replica.observe(LoadSnapshot(running=5.0, waiting=4.0, at=time.monotonic() - 3.5))  # older than 3 intervals
     assert replica.load() == 2.0
+
+
+# ------------------------------------------------------------------------ agent sessions
+
+
+def agent_turn(session: str | None, turn: int, system: str) -> RequestSpec:
+    """Turn `turn` of an agent session: one long system prompt every session shares, then the
+    session's own growing history."""
+    history = [m for t in range(turn) for m in ({"role": "user", "content": f"{session}: step {t}"},
+                                                  {"role": "assistant", "content": f"done {t}"})]
+    return msgspec.structs.replace(chat(f"{session}: step {turn}", system=system), session=session,
+                                   messages=[{"role": "system", "content": system}, *history,
+                                             {"role": "user", "content": f"{session}: step {turn}"}])
+
+
+def test_sessions_sharing_one_system_prompt_spread_and_stay() -> None:
+    system = tenant_prompt(0, 3000)  # the agent's system prompt and tools: most of every turn
+    sessions = [f"session-{i}" for i in range(6)]
+    balancer = make_balancer("prefix_cache")
+    candidates = fleet(3)
+    first = {s: balancer.choose(agent_turn(s, 0, system), candidates) for s in sessions}
+    assert all(c.reason == "session_new" for c in first.values())
+    homes = [c.candidate.name for c in first.values()]
+    assert sorted(homes) == ["r0", "r0", "r1", "r1", "r2", "r2"]  # two sessions each
+    for turn in range(1, 6):
+        for s in sessions:
+            assert balancer.choose(agent_turn(s, turn, system), candidates) == (first[s].candidate, "session_hit")
+    # the same requests without a session follow the shared prompt onto one replica
+    plain = make_balancer("prefix_cache")
+    assert len({plain.choose(agent_turn(None, 0, system), candidates).candidate.name for _ in sessions}) == 1
+
+
+def test_an_overloaded_home_moves_the_session_and_it_stays_where_it_went() -> None:
+    system = tenant_prompt(1, 2000)
+    balancer = make_balancer("prefix_cache", PrefixCacheOptions(load_margin=2))
+    candidates = fleet(3)
+    home = balancer.choose(agent_turn("s", 0, system), candidates).candidate
+    home.busy = 2.0  # within the margin: stays
+    assert balancer.choose(agent_turn("s", 1, system), candidates) == (home, "session_hit")
+    home.busy = 3.0  # over it
+    moved = balancer.choose(agent_turn("s", 2, system), candidates)
+    assert moved.candidate is not home and moved.reason == "session_moved"
+    home.busy = 0.0
+    assert balancer.choose(agent_turn("s", 3, system), candidates) == (moved.candidate, "session_hit")
+    # a home that cannot be tried (its breaker open, already tried) moves it too
+    others = [c for c in candidates if c is not moved.candidate]
+    assert balancer.choose(agent_turn("s", 4, system), others).reason == "session_moved"
+
+
+def test_the_session_table_is_a_bounded_lru_and_forgets_a_gone_replica() -> None:
+    table = SessionTable(max_entries=2)
+    table.went("a", "r0")
+    table.went("b", "r1")
+    table.went("a", "r0")  # a is the most recent now
+    table.went("c", "r2")  # b, the least recent, is forgotten
+    assert (table.home("a"), table.home("b"), table.home("c"), len(table)) == ("r0", None, "r2", 2)
+    assert [table.num_sessions(r) for r in ("r0", "r1", "r2")] == [1, 0, 1]
+    table.went("a", "r2")  # a moved
+    assert [table.num_sessions(r) for r in ("r0", "r1", "r2")] == [0, 0, 2]
+    table.drop("r2")
+    assert (table.home("a"), table.home("c"), len(table), table.num_sessions("r2")) == (None, None, 0, 0)
+    off = SessionTable(max_entries=0)
+    off.went("a", "r0")
+    assert off.home("a") is None and len(off) == 0
+
+
+def test_a_forgotten_replica_s_sessions_are_placed_again_and_max_sessions_0_turns_sessions_off() -> None:
+    system = tenant_prompt(2, 2000)
+    balancer = make_balancer("prefix_cache")
+    candidates = fleet(3)
+    home = balancer.choose(agent_turn("s", 0, system), candidates).candidate
+    balancer.forget(home.name)
+    rest = [c for c in candidates if c is not home]
+    assert balancer.choose(agent_turn("s", 1, system), rest).reason == "session_new"
+    off = make_balancer("prefix_cache", PrefixCacheOptions(max_sessions=0))
+    assert off.choose(agent_turn("s", 0, system), candidates).reason == "prefix_miss"
+    assert off.choose(agent_turn("t", 0, system), candidates).reason == "prefix_hit"
+
+
+def test_a_session_entry_costs_at_most_its_stated_bytes() -> None:
+    table = SessionTable(max_entries=1 << 20)
+    replicas = [f"http://10.0.0.{i}:8000" for i in range(8)]
+    n = 20_000
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(n):
+        table.went(str(uuid.UUID(int=i)), replicas[i % 8])  # 36-character ids, as both CLIs send
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(table) == n
+    assert used / n <= SESSION_ENTRY_BYTES, f"{used / n:.0f} bytes per session"
+
+
+def test_workers_that_saw_the_same_sessions_place_a_new_one_alike() -> None:
+    """Each worker keeps its own table; a new session's ties are broken by a hash of the session,
+    not by the worker's own turn counter, so two workers agree — here one had served plain
+    requests in between."""
+    system = tenant_prompt(3, 2000)
+    one, two = make_balancer("prefix_cache"), make_balancer("prefix_cache")
+    candidates = fleet(3)
+    for i in range(5):
+        two.choose(chat(f"plain {i}", system=tenant_prompt(10 + i, 500)), candidates)
+    for s in (f"s{i}" for i in range(7)):
+        assert one.choose(agent_turn(s, 0, system), candidates).candidate is two.choose(agent_turn(s, 0, system), candidates).candidate

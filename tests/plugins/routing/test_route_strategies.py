@@ -39,6 +39,33 @@ def test_prefix_cache_between_targets_spreads_tenants_and_follows_them() -> None
     asyncio.run(go())
 
 
+def test_prefix_cache_between_targets_spreads_agent_sessions_and_keeps_each_on_its_target() -> None:
+    """Six sessions of one agent (one shared system prompt): two per target, each turn where its
+    session's last turn went, until that target is overloaded."""
+    async def go() -> None:
+        async with running_gateway(text("prefix_cache", options={"load_margin": 2})) as gateway:
+            plan = gateway.plan("chat")
+            sessions = [f"0190-{i}" for i in range(6)]
+            home = {s: gateway.pick(session_spec(s, 0), plan).target.backend for s in sessions}
+            assert sorted(home.values()) == sorted(BACKENDS * 2)
+            for turn in range(1, 4):
+                for s in sessions:
+                    assert gateway.pick(session_spec(s, turn), plan).target.backend == home[s]
+            gateway.in_flight[home["0190-0"]] = 3  # over the margin: that session moves, and stays moved
+            moved = gateway.pick(session_spec("0190-0", 4), plan).target.backend
+            assert moved != home["0190-0"]
+            gateway.in_flight[home["0190-0"]] = 0
+            assert gateway.pick(session_spec("0190-0", 5), plan).target.backend == moved
+
+    asyncio.run(go())
+
+
+def session_spec(session: str, turn: int):  # noqa: ANN201
+    s = tenant_spec(0, f"{session} turn {turn}")
+    s.session = session
+    return s
+
+
 def test_least_load_between_targets_avoids_the_loaded_backend() -> None:
     async def go() -> None:
         async with running_gateway(text("least_load")) as gateway:

@@ -61,6 +61,24 @@ async def test_sticky_same_key_same_arm_and_every_key_source() -> None:
         assert gateway.pick(only_key, plan).target == gateway.pick(again, plan).target
 
 
+async def test_sticky_on_the_agent_session() -> None:
+    """`session` is a key source: every turn of a session on one arm, whichever way the session
+    came (body or header); it wins over `user` when listed first."""
+    options = {"key": ["session", "user"]}
+    text = config_text(TWO_ARMS, route("ab", [("a", 1), ("b", 1)], strategy="sticky", options=options))
+    async with running_gateway(text) as gateway:
+        plan = gateway.plan("ab")
+        arms = collections.Counter()
+        for session in (f"0190a1b2-{i:04}" for i in range(200)):
+            first = gateway.pick(spec("ab", session=session, user="same-user"), plan)
+            for turn in range(5):
+                assert gateway.pick(spec("ab", f"turn {turn}", session=session, user="same-user"), plan).target == first.target
+            arms[first.target.backend] += 1
+        assert 60 <= arms["a"] <= 140, arms  # one user's sessions spread over both arms
+        assert sticky_key(spec("ab", session="s", user="u"), ("session", "user")) == "session=s"
+        assert sticky_key(spec("ab", user="u"), ("session", "user")) == "user=u"
+
+
 def test_sticky_weight_change_moves_only_its_share() -> None:
     keys = [f"user=u{i}" for i in range(20000)]
     before = [Target(backend="a", model="m", weight=50), Target(backend="b", model="m", weight=50)]
@@ -126,6 +144,8 @@ BAD_ROUTES = [
     ("shadow-unknown-backend", route("r", [("a", 1)], shadow={"backend": "ghost"}), "`routes[0].shadow.backend`", "'ghost'"),
     ("shadow-fraction", route("r", [("a", 1)], shadow={"backend": "b", "fraction": 1.5}), "`routes[0].shadow.fraction`", "<= 1.0"),
     ("max-attempts", route("r", [("a", 1)], max_attempts=0), "`routes[0].max_attempts`", ">= 1"),
+    ("strip-billing-header", route("r", [("a", 1)], strip_billing_header="yes"), "`routes[0].strip_billing_header`", "Expected `bool | null`"),
+    ("max-sessions", route("r", [("a", 1)], strategy="prefix_cache", options={"max_sessions": -1}), "`routes[0].options.max_sessions`", ">= 0"),
     ("breaker", "", "`server.breaker_failures`", ">= 1"),
 ]
 
@@ -143,7 +163,8 @@ def test_check_config_names_bad_routing_keys(tmp_path: Path, capsys: pytest.Capt
 def test_check_config_accepts_every_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tables = [
         route("w", [("a", 70), ("b", 30)]),
-        route("s", [("a", 1), ("b", 1)], strategy="sticky", options={"key": ["header:x-session-id", "user"]}),
+        route("s", [("a", 1), ("b", 1)], strategy="sticky", options={"key": ["session", "header:x-session-id", "user"]}),
+        route("p", [("a", 1), ("b", 1)], strategy="prefix_cache", options={"max_sessions": 1000}, strip_billing_header=False),
         route("l", [("a", 1), ("b", 1)], strategy="least_busy", shadow={"backend": "b", "fraction": 0.1}),
         route("f", [("a", 1), ("b", 1)], strategy="fallback", max_attempts=2),
     ]
