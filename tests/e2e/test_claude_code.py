@@ -71,8 +71,8 @@ def run_claude(prompt: str, *, base: str, home: Path, **options: Any) -> ClaudeR
 
 
 def config(log: Path) -> str:
-    """The built-in engine as the bundled plugins.toml sets it up (system turns folded; a context
-    of BUILTIN_CONTEXT), and the
+    """The built-in engine with its system turns folded (`system_messages = "fold"`: the tiny model
+    answers Claude Code's trailing environment turn by rambling) and a context of BUILTIN_CONTEXT, and the
     scripted backend twice: with room for Claude Code's whole request, and with the default
     model's context (one word a token)."""
     return f"""[server]
