@@ -35,7 +35,7 @@ from plugins.contract.protocol import TokenizeRequest
 
 log = logging.getLogger("switchyard.gateway")
 
-PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", *messages_api.PROBE_PATHS})
 
 
 def _gateway(state: State) -> Gateway:

@@ -13,7 +13,7 @@ prompt's token counts are not known before the backend's `Usage` (the last event
 `message_start` carries zeros and `message_delta` the counts (`input_tokens` too; the official
 clients take it from there). A failure after the first byte ends the stream with an `error`
 event. A thinking block gets an opaque `signature` (a random one: nothing here verifies it, and
-one sent back is ignored).
+one sent back is ignored); with `thinking.display: "omitted"` it carries no text (`omit_thinking`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import msgspec
 from gateway.errors import ErrorResponse, status_and_type
 from gateway.ids import token_hex
 from gateway.messages_api import schemas as M
-from gateway.messages_api.errors import error_response
-from plugins.contract.errors import SwitchyardError, UpstreamError
+from gateway.messages_api.errors import error_response, overflow_message
+from plugins.contract.errors import ContextLengthExceeded, SwitchyardError, UpstreamError
 from plugins.contract.protocol import Event, Finish, ReasoningDelta, RequestSpec, TextDelta, ToolCallDelta, Usage
 
 _encode = msgspec.json.Encoder().encode
@@ -66,8 +66,9 @@ class MessageStream:
     """One streamed message (a `gateway.service.stream_feed.StreamWriter`): which block is open (its kind
     and index), the tool calls seen, the finish."""
 
-    def __init__(self, spec: RequestSpec) -> None:
+    def __init__(self, spec: RequestSpec, *, omit_thinking: bool = False) -> None:
         self.spec = spec
+        self.omit_thinking = omit_thinking
         self.finished_with: Finish | None = None
         self.block: str | None = None  # "thinking" | "text" | "tool_use:<tool index>"
         self.index = -1  # of the open (or last) block
@@ -91,7 +92,8 @@ class MessageStream:
             elif isinstance(event, ReasoningDelta):
                 if event.text:
                     out.append(self._open("thinking", M.ThinkingContent(thinking="", signature="")))
-                    out.append(self._delta(M.ThinkingDelta(thinking=event.text)))
+                    if not self.omit_thinking:
+                        out.append(self._delta(M.ThinkingDelta(thinking=event.text)))
             elif isinstance(event, ToolCallDelta):
                 out.append(self._tool_call(event))
             elif isinstance(event, Finish):
@@ -149,13 +151,17 @@ class MessageStream:
         return out + _sse(b"message_delta", M.MessageDelta(delta=delta, usage=usage_body(usage))) + _MESSAGE_STOP
 
     async def error(self, error: SwitchyardError, payload: ErrorResponse) -> bytes:
-        return _sse(b"error", error_response(status_and_type(error)[0], payload.error.message))
+        message = payload.error.message
+        if isinstance(error, ContextLengthExceeded):
+            message = overflow_message(error, self.spec.sampling.max_tokens, message)
+        return _sse(b"error", error_response(status_and_type(error)[0], message))
 
 
 class MessageSink:
     """A message that does not stream, assembled from its events (a `gateway.service.attempts.EventSink`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
         self.reasoning: list[str] = []
         self.text: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}  # tool index -> id, name, arguments
@@ -187,7 +193,7 @@ class MessageSink:
         content: list[M.Content] = []
         reasoning, text = "".join(self.reasoning), "".join(self.text)
         if reasoning:
-            content.append(M.ThinkingContent(thinking=reasoning, signature=token_hex(16)))
+            content.append(M.ThinkingContent(thinking="" if self.omit_thinking else reasoning, signature=token_hex(16)))
         if text:
             content.append(M.TextContent(text=text))
         for _, call in sorted(self.calls.items()):

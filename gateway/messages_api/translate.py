@@ -1,13 +1,23 @@
 """A Messages request → the backend-neutral `RequestSpec` (and a count_tokens request → a
-`TokenizeRequest`), so every backend serves Anthropic's clients through the same events.
+`TokenizeRequest`), so every backend serves Anthropic's clients through the same events. The
+conversation and its tools are `prompt.Prompt`'s; what goes around them is decided here:
 
-The conversation becomes OpenAI-shaped chat messages, which chat templates and upstream servers
-consume: `system` first; a user turn's `tool_result` blocks become `tool` messages (before the
-turn's text, right after the assistant's calls); an assistant turn's `tool_use` blocks become
-`tool_calls` and its `thinking` blocks `reasoning_content`. A conversation that ends with an
-assistant turn is continued (Anthropic's prefill: `continue_final_message`). `tool_choice`
-any / tool / none map to required / a named function / none; `thinking` switches the template's
-`enable_thinking`; `metadata.user_id` is the request's `user` (a sticky route's key).
+- Thinking: the backends' one switch is the chat template's `enable_thinking`. `thinking`
+  `enabled` (or `between_tools`) turns it on and `disabled` off, and a backend that cannot switch
+  is a 400 (`chat_template_kwargs`). `adaptive` leaves the choice to effort: `low` off, `medium`
+  and up (or none given: Anthropic's default is `high`) on — asked of backends that can switch,
+  never a 400 elsewhere. The effort is `output_config.effort`, or the last system turn's
+  `output_config.effort` (per-turn control). Without `thinking` effort changes nothing: the
+  template's own default stands. `budget_tokens` bounds nothing here (thinking counts against
+  `max_tokens`, as in Anthropic's API); `display: "omitted"` sends thinking blocks without their
+  text (`encode`), the other displays the whole text.
+- `output_config.format` (a JSON schema) is the answer's `response_format`.
+- `metadata.user_id` is the request's `user` (a sticky route's key). Claude Code sends it as a
+  JSON string holding its `session_id`: that is the request's `session` (`session_in_body`; the
+  `X-Claude-Code-Session-Id` header, which carries the same id, is `gateway.http.sessions`'
+  fallback for every API).
+- `anthropic-beta` changes nothing: every beta field above is taken with or without its beta
+  name, and no backend here speaks Anthropic's API, so there is no upstream to pass it to.
 """
 
 from __future__ import annotations
@@ -16,17 +26,20 @@ import json
 from typing import Any
 
 from gateway.messages_api import schemas as M
+from gateway.messages_api.prompt import Prompt
 from gateway.service.admission import RouteLimits
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.protocol import RequestSpec, Sampling, TokenizeRequest
-
 
 def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimits = RouteLimits()) -> RequestSpec:
     """The request spec, its `max_tokens` under the route's `limits`."""
     if isinstance(req.thinking, M.ThinkingEnabled) and req.thinking.budget_tokens >= req.max_tokens:
         raise InvalidRequest("`thinking.budget_tokens` must be less than `max_tokens`.", param="thinking.budget_tokens")
-    prompt = _Prompt.of(req)
-    extensions = set(prompt.extensions)
+    prompt = Prompt.of(req)
+    template_kwargs, switched = thinking_switch(req, prompt.effort)
+    extensions = set(_prompt_extensions(prompt))
+    if switched:
+        extensions.add("chat_template_kwargs")
     if req.top_k:
         extensions.add("top_k")
     sampling = Sampling(
@@ -44,13 +57,15 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimit
         sampling=sampling,
         messages=prompt.messages,
         stream=bool(req.stream),
-        chat_template_kwargs=prompt.template_kwargs,
+        chat_template_kwargs=template_kwargs,
         add_generation_prompt=not prompt.continues,
         continue_final_message=prompt.continues,
         tools=prompt.tools,
         tool_choice=prompt.tool_choice,
         parallel_tool_calls=prompt.parallel_tool_calls,
+        response_format=_response_format(req.output_config),
         user=req.metadata.user_id if req.metadata is not None else None,
+        session=session_in_body(req),
         extensions=frozenset(extensions),
         max_tokens_asked=req.max_tokens if req.max_tokens != max_tokens else None,
     )
@@ -59,153 +74,56 @@ def messages_spec(req: M.MessagesRequest, *, request_id: str, limits: RouteLimit
 def count_tokens_request(req: M.CountTokensRequest, *, upstream_model: str) -> TokenizeRequest:
     """The prompt a create request with the same conversation would send, to tokenize: its
     length is that request's `input_tokens` + `cache_read_input_tokens`."""
-    prompt = _Prompt.of(req)
+    prompt = Prompt.of(req)
+    template_kwargs, _ = thinking_switch(req, prompt.effort)
     return TokenizeRequest(
         upstream_model=upstream_model,
         messages=prompt.messages,
         add_special_tokens=False,
         add_generation_prompt=not prompt.continues,
         continue_final_message=prompt.continues,
-        chat_template_kwargs=prompt.template_kwargs,
+        chat_template_kwargs=template_kwargs,
         tools=prompt.tools,
     )
 
 
-class _Prompt:
-    """The chat-shaped conversation of a Messages request and what goes with it."""
-
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-        self.tools: list[dict[str, Any]] | None = None
-        self.tool_choice: str | dict[str, Any] | None = None
-        self.parallel_tool_calls: bool | None = None
-        self.template_kwargs: dict[str, Any] | None = None
-        self.continues = False
-        self.extensions: set[str] = set()
-
-    @classmethod
-    def of(cls, req: M._Conversation) -> _Prompt:
-        prompt = cls()
-        system = _system_text(req.system)
-        if system:
-            prompt.messages.append({"role": "system", "content": system})
-        last = len(req.messages) - 1
-        for i, message in enumerate(req.messages):
-            if not message.content and not (i == last and isinstance(message, M.AssistantMessage)):
-                raise InvalidRequest(f"`messages[{i}]` has empty content; every message needs some, except an "
-                                     "optional final assistant message.", param=f"messages[{i}].content")
-            if isinstance(message, M.UserMessage):
-                prompt.messages += _user_messages(message, i)
-            else:
-                prompt.messages.append(_assistant_message(message, i))
-        if isinstance(req.messages[-1], M.AssistantMessage):
-            prompt.continues = True
-            prompt.extensions |= {"continue_final_message", "add_generation_prompt"}
-        prompt._tools(req)
-        if req.thinking is not None:
-            prompt.template_kwargs = {"enable_thinking": not isinstance(req.thinking, M.ThinkingDisabled)}
-            prompt.extensions.add("chat_template_kwargs")
-        return prompt
-
-    def _tools(self, req: M._Conversation) -> None:
-        choice = req.tool_choice
-        if req.tools is not None and not req.tools:
-            raise InvalidRequest("`tools` must not be an empty list; leave it out instead.", param="tools")
-        if req.tools:
-            self.tools = [
-                {"type": "function", "function": _function(tool)} for tool in req.tools
-            ]
-        if choice is None:
-            return
-        if not isinstance(choice, M.ToolChoiceNone) and not req.tools:
-            raise InvalidRequest(f"`tool_choice` of type `{_tag(choice)}` needs `tools`.", param="tool_choice")
-        if isinstance(choice, M.ToolChoiceTool):
-            if choice.name not in {t.name for t in req.tools or ()}:
-                raise InvalidRequest(f"`tool_choice` names tool {choice.name!r}, which is not in `tools`.",
-                                     param="tool_choice.name")
-            self.tool_choice = {"type": "function", "function": {"name": choice.name}}
-        else:
-            self.tool_choice = {M.ToolChoiceAuto: "auto", M.ToolChoiceAny: "required", M.ToolChoiceNone: "none"}[type(choice)]
-        if getattr(choice, "disable_parallel_tool_use", None):
-            self.parallel_tool_calls = False
+def thinking_switch(req: M._Conversation, turn_effort: M.Effort | None) -> tuple[dict[str, Any] | None, bool]:
+    """The template's `enable_thinking` for this request (None: the template's default), and
+    whether the client demanded it (a backend that cannot switch is then a 400)."""
+    thinking = req.thinking
+    if isinstance(thinking, (M.ThinkingEnabled, M.ThinkingBetweenTools)):
+        return {"enable_thinking": True}, True
+    if isinstance(thinking, M.ThinkingDisabled):
+        return {"enable_thinking": False}, True
+    if isinstance(thinking, M.ThinkingAdaptive):
+        effort = turn_effort or (req.output_config.effort if req.output_config is not None else None)
+        return {"enable_thinking": effort != "low"}, False
+    return None, False
 
 
-def _tag(struct: Any) -> str:
-    return type(struct).__struct_config__.tag  # type: ignore[no-any-return]
+def omits_thinking(req: M._Conversation) -> bool:
+    """`thinking.display` is "omitted": thinking blocks go out without their text."""
+    return getattr(req.thinking, "display", None) == "omitted"
 
 
-def _function(tool: M.Tool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    function["parameters"] = tool.input_schema
-    return function
+def session_in_body(req: M.MessagesRequest) -> str | None:
+    """The agent session the body names: the `session_id` in `metadata.user_id` when that is a
+    JSON object (Claude Code's: `{"device_id", "account_uuid", "session_id"}`); None otherwise."""
+    user_id = req.metadata.user_id if req.metadata is not None else None
+    if not user_id or not user_id.startswith("{"):
+        return None
+    try:
+        session = json.loads(user_id).get("session_id")
+    except (ValueError, AttributeError):
+        return None
+    return session if isinstance(session, str) and session else None
 
 
-def _system_text(system: str | list[M.TextBlock] | None) -> str:
-    if system is None or isinstance(system, str):
-        return system or ""
-    return "\n".join(block.text for block in system)
+def _prompt_extensions(prompt: Prompt) -> tuple[str, ...]:
+    return ("continue_final_message", "add_generation_prompt") if prompt.continues else ()
 
 
-def _unsupported(block: Any, where: str) -> InvalidRequest:
-    return InvalidRequest(f"`{_tag(block)}` content blocks are not supported; send text.", param=where)
-
-
-def _user_messages(message: M.UserMessage, i: int) -> list[dict[str, Any]]:
-    """A user turn: its tool results as `tool` messages, then its text (if any)."""
-    if isinstance(message.content, str):
-        return [{"role": "user", "content": message.content}]
-    results: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for j, block in enumerate(message.content):
-        where = f"messages[{i}].content[{j}]"
-        if isinstance(block, M.TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, M.ToolResultBlock):
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block, where)})
-        else:
-            raise _unsupported(block, where)
-    if texts or not results:
-        results.append({"role": "user", "content": "\n".join(texts)})
-    return results
-
-
-def _tool_result_text(block: M.ToolResultBlock, where: str) -> str:
-    content = block.content
-    if content is None or isinstance(content, str):
-        text = content or ""
-    else:
-        parts = []
-        for k, part in enumerate(content):
-            if not isinstance(part, M.TextBlock):
-                raise _unsupported(part, f"{where}.content[{k}]")
-            parts.append(part.text)
-        text = "\n".join(parts)
-    # chat templates have no place for Anthropic's flag: the model reads it in the text
-    return f"Error: {text}" if block.is_error else text
-
-
-def _assistant_message(message: M.AssistantMessage, i: int) -> dict[str, Any]:
-    if isinstance(message.content, str):
-        return {"role": "assistant", "content": message.content}
-    texts: list[str] = []
-    reasoning: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for block in message.content:
-        if isinstance(block, M.TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, M.ThinkingBlock):
-            reasoning.append(block.thinking)
-        elif isinstance(block, M.ToolUseBlock):
-            arguments = json.dumps(block.input, ensure_ascii=False)
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
-        # redacted_thinking: opaque to any engine here; accepted so that a client can send a
-        # conversation back as it received it
-    # "" rather than null beside tool calls: templates without tool support concatenate content
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        out["tool_calls"] = calls
-    if reasoning:
-        out["reasoning_content"] = "".join(reasoning)
-    return out
+def _response_format(config: M.OutputConfig | None) -> dict[str, Any] | None:
+    if config is None or config.format is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": config.format.schema_, "strict": True}}

@@ -8,7 +8,9 @@
 
 `generate(spec)`: render the chat template (or take the completion prompt), tokenize, submit to
 the engine, and turn its per-step outputs into protocol events: `TextDelta`s per choice, one
-`Finish` per choice, one `Usage`. Closing the event iterator aborts the request in the engine,
+`Finish` per choice, one `Usage`. System messages after the first are folded into the first
+where the template refuses them there, or always (`system_messages = "fold"`;
+`plugins.contract.system_turns`). Closing the event iterator aborts the request in the engine,
 which frees its sequences and KV blocks before its next step.
 
 Structured outputs (`structured_outputs`, JSON `response_format`) are compiled into a grammar
@@ -39,6 +41,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +62,7 @@ from plugins.contract.errors import (
     UpstreamError,
 )
 from plugins.contract.hookspecs import hookimpl
+from plugins.contract.system_turns import fold_system_messages, system_messages_as
 from plugins.contract.protocol import (
     Capabilities,
     EmbedRequest,
@@ -378,9 +382,20 @@ class BuiltinBackend:
 
         try:
             template = self._template(chat_template)
-            return template.render(messages, add_generation_prompt=add_generation_prompt,
-                                   continue_final_message=continue_final_message, tools=tools,
-                                   chat_template_kwargs=chat_template_kwargs)
+            render = partial(template.render, add_generation_prompt=add_generation_prompt,
+                             continue_final_message=continue_final_message, tools=tools,
+                             chat_template_kwargs=chat_template_kwargs)
+            messages = system_messages_as(self.options.system_messages, messages)
+            try:
+                return render(messages)
+            except ChatTemplateError as refused:
+                folded = fold_system_messages(messages)  # system turns where the template takes none
+                if folded is None:
+                    raise
+                try:
+                    return render(folded)
+                except ChatTemplateError:
+                    raise refused from None
         except ChatTemplateError as exc:
             raise InvalidRequest(str(exc), param="chat_template" if chat_template else "messages") from exc
 

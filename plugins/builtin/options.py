@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from plugins.contract.system_turns import SystemMessages
+
 
 def _doc(description: str, **constraints: Any) -> Any:
     return msgspec.Meta(description=description, **constraints)
@@ -91,6 +93,11 @@ class BuiltinOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
         "one; the server sets it for its workers.")] = None
     engine_start_timeout_s: Annotated[float, _doc("How long start-up waits for the engine process to load and "
                                                   "answer.", gt=0)] = 600.0
+    system_messages: Annotated[SystemMessages, _doc(
+        "System messages after the first one (Claude Code's environment turn, right after the first user turn): "
+        "'in_place' renders them where they stand, folded into the first only where the chat template refuses "
+        "them there; 'fold' always folds them into the first, before the conversation (small models trained "
+        "with one leading system message answer the last user turn instead of rambling on).")] = "in_place"
     reasoning_parser: Annotated[Literal["auto", "deepseek_r1", "none"], _doc(
         "How the model's thinking is split from its answer: 'deepseek_r1' (everything up to </think> is "
         "reasoning), 'auto' (the <think> tags, when the chat template writes them), 'none'.")] = "auto"

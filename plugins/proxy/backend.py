@@ -48,6 +48,7 @@ from plugins.contract.protocol import (
     TokenizeRequest,
     TokenizeResult,
 )
+from plugins.contract.system_turns import system_messages_as
 from plugins.fleet.fleet import Fleet
 from plugins.fleet.replica import ReplicaStats
 from plugins.parsers.reasoning import ReasoningSplitter, choose_parser, split_reasoning
@@ -216,7 +217,7 @@ class ProxyBackend:
         s = spec.sampling
         body: dict[str, Any] = {"model": self.upstream_name(spec.upstream_model)}
         if spec.kind == "chat":
-            body["messages"] = spec.messages
+            body["messages"] = system_messages_as(self.options.system_messages, spec.messages or [])
         else:
             body["prompt"] = spec.prompt
             if spec.echo:

@@ -43,6 +43,7 @@ from plugins.contract.config_types import BackendType
 from plugins.contract.errors import InvalidRequest
 from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import Rendered, RequestSpec, TokenizeRequest, TokenizeResult
+from plugins.contract.system_turns import system_messages_as
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.gbnf import choice_grammar, regex_grammar
 from plugins.proxy.options import ProxyOptions
@@ -217,7 +218,8 @@ class LlamaCppBackend(ProxyBackend):
     async def apply_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                              chat_template_kwargs: dict[str, Any] | None = None,
                              tools: list[dict[str, Any]] | None = None) -> str:
-        body: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        body: dict[str, Any] = {"messages": system_messages_as(self.options.system_messages, messages),
+                                "add_generation_prompt": add_generation_prompt}
         if chat_template_kwargs is not None:
             body["chat_template_kwargs"] = chat_template_kwargs
         if tools:

@@ -10,6 +10,7 @@ from msgspec import Meta
 
 from plugins.contract.errors import ConfigError
 from plugins.contract.protocol import EXTENSIONS
+from plugins.contract.system_turns import SystemMessages
 from plugins.fleet.options import (
     BalanceName,
     DiscoveryOptions,
@@ -76,6 +77,10 @@ class ProxyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # also split `<think>` text out of the upstream's content (for a server that does not do
     # it itself); the upstream's own `reasoning` / `reasoning_content` fields are always read
     reasoning_parser: Literal["none", "deepseek_r1"] = "none"
+    # system messages after the first (Claude Code's environment turn): "in_place" sends them
+    # where they stand (the upstream's template renders or refuses them), "fold" joins them into
+    # the first one (plugins/contract/system_turns.py)
+    system_messages: SystemMessages = "in_place"
 
     def __repr__(self) -> str:  # never show a key
         fields = []

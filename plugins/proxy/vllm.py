@@ -32,6 +32,7 @@ import msgspec
 from plugins.contract.config_types import BackendType
 from plugins.contract.hookspecs import hookimpl
 from plugins.contract.protocol import EXTENSIONS, Rendered, RequestSpec, TokenizeRequest, TokenizeResult
+from plugins.contract.system_turns import system_messages_as
 from plugins.proxy.backend import ProxyBackend
 from plugins.proxy.options import ProxyOptions
 
@@ -147,7 +148,7 @@ class VLLMBackend(ProxyBackend):
         body: dict[str, Any] = {"model": self.upstream_name(request.upstream_model),
                                 "add_special_tokens": request.add_special_tokens}
         if request.messages is not None:
-            body["messages"] = request.messages
+            body["messages"] = system_messages_as(self.options.system_messages, request.messages)
             body["add_generation_prompt"] = request.add_generation_prompt
             body["continue_final_message"] = request.continue_final_message
             if request.chat_template is not None:

@@ -5,7 +5,9 @@ server (a subprocess on a free loopback port) serving the scripted test backend
 - `script` (model `claude-echo`): every extension, no delay, embeddings with `dimensions`;
 - `slow` (model `claude-slow`): 50 ms per token, a `cancel_log`, one request at a time and no
   queue (the second concurrent request gets a 429);
-- `plain` (model `claude-plain`): no extension declared and no embeddings.
+- `plain` (model `claude-plain`): no extension declared and no embeddings;
+- `agent` (model `claude-agent`): a context as long as a coding agent's requests need (Claude
+  Code's default tools and system prompt, its `max_tokens` of 32000).
 Client keys are on (`KEY`), so the official clients authenticate as they do against Anthropic
 (`x-api-key`) and OpenAI (`Authorization: Bearer`).
 """
@@ -51,6 +53,7 @@ def config(cancel_log: Path) -> str:
         + backend("slow", models=["claude-slow"], token_delay_s=TOKEN_DELAY_S, cancel_log=str(cancel_log),
                   limits={"max_concurrent": 1, "max_queue": 0})
         + backend("plain", models=["claude-plain"], extensions=[], embeddings=False)
+        + backend("agent", models=["claude-agent"], max_model_len=200_000)
         + '[[routes]]\nname = "claude-sticky"\nstrategy = "sticky"\noptions = { key = ["user"] }\n'
         + '[[routes.targets]]\nbackend = "script"\nmodel = "claude-echo"\n'
         + '[[routes.targets]]\nbackend = "plain"\nmodel = "claude-plain"\n'

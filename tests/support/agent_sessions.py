@@ -7,7 +7,8 @@ CLI grows it: every turn resends the whole conversation, the model's earlier ans
 and a new user line. Fitted to a small model's context:
 
 - the long system text (Claude Code's third system block, Codex's first developer message) is
-  cut to `Fit.system_chars`, and only the first `Fit.tools` tools are kept (their descriptions
+  cut to `Fit.system_chars`, Claude Code's environment message (9 KB: its deferred tools and
+  agent types) to `Fit.environment_chars`, and only the first `Fit.tools` tools are kept (their descriptions
   cut to `Fit.tool_chars`);
 - the session's own id goes where the CLI puts it: Claude Code's `X-Claude-Code-Session-Id`
   header and `session_id` in `metadata.user_id`; Codex's `session-id` / `thread-id` headers and
@@ -18,9 +19,9 @@ and a new user line. Fitted to a small model's context:
 - `temperature: 0` and a small output cap are added so that arms of a benchmark grow the same
   histories.
 
-`NOT_YET_SENT` lists the recorded fields and tools these sessions leave out because this tree's
-front-ends still refuse them (issue #32's Messages and Responses work accepts them); emptied
-when those land, the sessions are the recorded shape byte for byte apart from the cuts above.
+Everything else is the recorded shape: Claude Code's `thinking`, `context_management`,
+`output_config` and its `role: "system"` environment message after the first user turn, Codex's
+`client_metadata` and its `namespace` / `web_search` tools (cut with the others to `Fit.tools`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,6 @@ from typing import Any
 
 from tests.support import agent_recordings
 
-# per CLI: top-level body fields, and tool types, the front-end refuses in this tree
-NOT_YET_SENT: dict[str, dict[str, tuple[str, ...]]] = {
-    "claude": {"fields": ("thinking", "context_management", "output_config"), "tools": ()},
-    "codex": {"fields": ("client_metadata",), "tools": ("namespace", "web_search")},
-}
 HEADERS = {  # the recorded headers sent again (lower case); the session's own id replaces the recorded one
     "claude": ("user-agent", "anthropic-version", "anthropic-beta", "x-app", "x-claude-code-session-id", "x-stainless-timeout"),
     "codex": ("user-agent", "originator", "accept", "session-id", "thread-id", "x-codex-window-id"),
@@ -53,6 +49,7 @@ class Fit:
     system_chars: int = 2400
     tools: int = 2
     tool_chars: int = 240
+    environment_chars: int = 480  # Claude Code's `role: "system"` environment turn: its first lines
     max_tokens: int = 16
     turn_chars: int = 0  # from the second turn on, each user turn also pastes this much command output
 
@@ -123,8 +120,6 @@ class AgentSession:
         """The request of turn `turn` (from 0): the history of turns before it, answered."""
         assert turn <= len(self.answers), "answer every turn before asking the next"
         body = copy.deepcopy(self.recorded.body)
-        for name in NOT_YET_SENT[self.cli]["fields"]:
-            body.pop(name, None)
         body["model"] = self.model
         body["temperature"] = 0
         tools = self._tools(body.pop("tools", None) or [])
@@ -140,7 +135,7 @@ class AgentSession:
         return body
 
     def _tools(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        kept = [t for t in tools if t.get("type", "custom") not in NOT_YET_SENT[self.cli]["tools"] and not t.get("defer_loading")]
+        kept = [t for t in tools if not t.get("defer_loading")]
         kept = kept[: self.fit.tools]
         for tool in kept:
             tool["description"] = tool.get("description", "")[: self.fit.tool_chars]
@@ -155,9 +150,11 @@ class AgentSession:
         user["session_id"] = self.id
         body["metadata"]["user_id"] = json.dumps(user, separators=(",", ":"))
         body["max_tokens"] = self.fit.max_tokens
-        first = body["messages"][0]
+        first, environment = body["messages"]  # the user's first words, then Claude Code's `role: "system"` turn
+        for part in environment["content"]:
+            part["text"] = part["text"][: self.fit.environment_chars]
         first["content"] = [*first["content"][:-1], {"type": "text", "text": self.question(0)}]
-        messages = [first]  # the recorded `role: "system"` environment message after it: not yet accepted
+        messages = [first, environment]
         for t in range(1, turn + 1):
             messages.append({"role": "assistant", "content": [{"type": "text", "text": self.answers[t - 1]}]})
             paste = self.pasted(t)

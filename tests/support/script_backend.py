@@ -6,9 +6,12 @@ delays and cancel log) plus what a real engine also produces:
 - `CALL <tool> <word>`: a call of `<tool>` with arguments `{"city": "<word>"}`, sent in two
   fragments; it finishes "tool_calls" (or "stop" when `tool_choice` named the tool, as vLLM);
 - `CALLJSON <tool> <json>`: a call of `<tool>` whose arguments are the rest of the message (the
-  words joined by single spaces), sent in two fragments, finishing as `CALL` does;
+  words joined by single spaces), sent in two fragments, finishing as `CALL` does. Either may
+  stand anywhere in the text (an agent CLI puts its own reminders before the user's words);
 - a word that is one of the request's stop strings ends the text, and `Finish` names it;
 - a `tool` message last: the answer is `result: <its content>`;
+- the script is read from the last message that is not a system message (an agent CLI's
+  environment turn may follow the user's);
 - `embed()`: each input's vector is a fixed function of its text (or token ids), unit length,
   `dimensions` long when asked (the vector's first components, renormalized), 8 by default.
 """
@@ -58,7 +61,7 @@ class ScriptBackend(EchoBackend):
 
     def script(self, spec: RequestSpec) -> list[Event]:
         """Every event but the usage, in order."""
-        last = (spec.messages or [{}])[-1]
+        last = next((m for m in reversed(spec.messages or []) if m.get("role") != "system"), {})
         content = last.get("content") or ""
         if isinstance(content, list):
             content = " ".join(p.get("text", "") for p in content)
@@ -70,16 +73,19 @@ class ScriptBackend(EchoBackend):
             cut = words.index("ANSWER") if "ANSWER" in words else len(words)
             events += [ReasoningDelta(text=w if i == 0 else " " + w) for i, w in enumerate(words[1:cut])]
             words = words[cut + 1:]
-        if words[:1] in (["CALL"], ["CALLJSON"]) and len(words) >= 3:
+        calls = [i for i, w in enumerate(words) if w in ("CALL", "CALLJSON")] if last.get("role") != "tool" else []
+        if calls and len(words) >= calls[0] + 3:
             named = isinstance(spec.tool_choice, dict)
-            if words[0] == "CALL":
-                call_id, fragments = "call_" + words[2].lower(), ('{"city": ', msgspec.json.encode(words[2]).decode() + "}")
+            at = calls[0]
+            if words[at] == "CALL":
+                call_id = "call_" + words[at + 2].lower()
+                fragments = ('{"city": ', msgspec.json.encode(words[at + 2]).decode() + "}")
             else:
-                arguments = " ".join(words[2:])
+                arguments = " ".join(words[at + 2:])
                 call_id = "call_" + hashlib.sha256(arguments.encode()).hexdigest()[:12]
                 fragments = (arguments[:len(arguments) // 2], arguments[len(arguments) // 2:])
             events += [
-                ToolCallDelta(tool_index=0, id=call_id, name=words[1], arguments=fragments[0]),
+                ToolCallDelta(tool_index=0, id=call_id, name=words[at + 1], arguments=fragments[0]),
                 ToolCallDelta(tool_index=0, arguments=fragments[1]),
                 Finish(reason="stop" if named else "tool_calls"),
             ]

@@ -47,21 +47,6 @@ TABLE_OF: dict[str, FieldTable] = {
     "anthropic.beta.messages.count_tokens": COUNT_TOKENS_FIELDS,
 }
 TABLES = list(cli_fields.TABLES.values())
-# APIs whose tables issue #32 leaves to another change; each passes once that change lands, and
-# then this strict xfail fails until its line is removed
-PENDING = {
-    "anthropic.messages": "the Messages API's classification (issue #32, Messages)",
-    "anthropic.beta.messages": "the Messages API's classification (issue #32, Messages)",
-    "anthropic.messages.count_tokens": "the Messages API's classification (issue #32, Messages)",
-    "anthropic.beta.messages.count_tokens": "the Messages API's classification (issue #32, Messages)",
-}
-
-
-def _per_sdk_api() -> list[Any]:
-    return [pytest.param(api, marks=pytest.mark.xfail(strict=True, reason=PENDING[api])) if api in PENDING else api
-            for api in sorted(INVENTORY)]
-
-
 def test_every_sdk_api_has_a_table() -> None:
     assert set(TABLE_OF) == set(INVENTORY) == set(sdk_fields.GATEWAY_STRUCTS)
     assert all(any(table is t for t in TABLES) for table in TABLE_OF.values())
@@ -75,7 +60,7 @@ def test_the_table_is_over_the_struct_that_decodes_the_api(api: str) -> None:
     assert TABLE_OF[api].struct is getattr(__import__(module, fromlist=[name]), name)
 
 
-@pytest.mark.parametrize("api", _per_sdk_api())
+@pytest.mark.parametrize("api", sorted(INVENTORY))
 def test_every_field_the_sdk_sends_is_classified(api: str) -> None:
     """A field the SDK posts and the struct lacks would be a 400 for a field the real API takes."""
     unclassified = INVENTORY[api].body - sdk_fields.struct_fields(TABLE_OF[api].struct)

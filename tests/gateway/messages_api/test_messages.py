@@ -190,9 +190,14 @@ def test_400_bad_request(claude: anthropic.Anthropic, server: Server) -> None:
 
 
 def test_400_for_what_the_backend_cannot_do(claude: anthropic.Anthropic) -> None:
-    with pytest.raises(anthropic.BadRequestError, match="chat_template_kwargs"):
-        claude.messages.create(model="claude-plain", max_tokens=10, messages=user("x"),
-                               thinking={"type": "adaptive"})
+    """Thinking switched on or off by name needs a backend that can switch it; `adaptive`
+    (Claude Code's) asks for it where it can and is served everywhere."""
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}):
+        with pytest.raises(anthropic.BadRequestError, match="chat_template_kwargs"):
+            claude.messages.create(model="claude-plain", max_tokens=2000, messages=user("x"), thinking=thinking)
+    adaptive = claude.messages.create(model="claude-plain", max_tokens=10, messages=user("ok"),
+                                      thinking={"type": "adaptive"})
+    assert adaptive.content[0].text == "ok"
     with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
         claude.messages.create(model="claude-echo", max_tokens=1024, messages=user("x"),
                                thinking={"type": "enabled", "budget_tokens": 1024})

@@ -72,7 +72,7 @@ def test_prefill_continues_the_last_assistant_turn() -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
-    ({"tools": []}, "tools"),
+    ({"tools": [{"name": "a", "input_schema": {}, "defer_loading": True}], "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"tools": [{"name": "a", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "b"}}, "tool_choice.name"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),
 ])

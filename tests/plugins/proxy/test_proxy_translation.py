@@ -200,3 +200,21 @@ def test_json_dumps_of_arguments_objects_is_compact_json() -> None:
     norm = StreamNormalizer(kind="chat", n=1, backend="b")
     (event,) = norm.feed(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": {"a": [1]}}}]}))
     assert json.loads(event.arguments) == {"a": [1]}
+
+
+# ---- system messages after the first ------------------------------------------------------------
+
+CLAUDE_CODE_TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
+                     {"role": "system", "content": "# Environment"}]
+
+
+@pytest.mark.parametrize("backend_type", [VLLMBackend, LlamaCppBackend, OpenAICompatibleBackend])
+def test_system_messages_in_place_or_folded(backend_type: type) -> None:
+    options = {VLLMBackend: VLLMOptions, LlamaCppBackend: LlamaCppOptions,
+               OpenAICompatibleBackend: OpenAICompatibleOptions}[backend_type]
+    in_place = backend_type("b", options(base_url="http://u")).build_body(spec(messages=CLAUDE_CODE_TURNS))
+    assert in_place["messages"] == CLAUDE_CODE_TURNS
+    folded = backend_type("b", options(base_url="http://u", system_messages="fold")).build_body(
+        spec(messages=CLAUDE_CODE_TURNS))
+    assert folded["messages"] == [{"role": "system", "content": "Be brief.\n\n# Environment"},
+                                  {"role": "user", "content": "Name a colour."}]
