@@ -31,6 +31,7 @@ from engines import install
 from engines.launch import ServerProcess
 from tests.e2e.real_engines.conftest import AGENT_CONTEXT, MODEL
 from tests.e2e.test_claude_code import OUTPUT_TOKENS, ClaudeRun, Gateway, run_claude
+from tests.support.probes import wait_until
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.skipif(not install.agent_installed(install.CLAUDE_CODE),
@@ -76,6 +77,19 @@ def _answers(run: ClaudeRun) -> list[dict[str, Any]]:
             if line.get("type") == "assistant" and line["message"].get("model") == MODEL]
 
 
+def _sent(gateway: Gateway, run: ClaudeRun, count: int) -> list[dict[str, Any]]:
+    """The request log's lines of this run (its session, which the gateway reads from Claude Code's
+    `metadata.user_id`), once there are `count`: a line is written after its answer has gone, so
+    the CLI may be done first, and the next test's run must not see this one's."""
+    session = run.result["session_id"]
+
+    def sent() -> list[dict[str, Any]]:
+        return [r for r in gateway.requests() if r.get("session") == session]
+
+    wait_until(lambda: len(sent()) >= count, timeout=10)
+    return sent()
+
+
 def _assert_answered_or_ran_past_its_maximum(run: ClaudeRun) -> None:
     """Claude Code sends no temperature, so the tiny model samples at 1 and may ramble past
     `CLAUDE_CODE_MAX_OUTPUT_TOKENS`; Claude Code then asks it to go on, a few times, and may end by
@@ -90,29 +104,29 @@ def _assert_answered_or_ran_past_its_maximum(run: ClaudeRun) -> None:
 def test_tools_off_and_a_short_system_prompt_answer(agent_engine: tuple[str, ServerProcess], gateway: Gateway,
                                                     tmp_path: Path) -> None:
     name, _ = agent_engine
-    before = len(gateway.requests())
     run = run_claude("Name a colour.", base=gateway.base, home=tmp_path, model=MODEL, tools=[],
                      system_prompt=SHORT_SYSTEM, extra_env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": OUTPUT_TOKENS})
     answers = _answers(run)
     assert answers and all(block["type"] == "text" for message in answers for block in message["content"]), run.lines
     assert "".join(block["text"] for message in answers for block in message["content"]).strip()
-    sent = gateway.sent_since(before, len({message["id"] for message in answers}))
-    assert sent and {(r["outcome"], r["backend"]) for r in sent} == {("ok", name)}, sent
+    answered = len({message["id"] for message in answers})
+    sent = _sent(gateway, run, answered)
+    assert len(sent) == answered and {(r["outcome"], r["backend"]) for r in sent} == {("ok", name)}, sent
     _assert_answered_or_ran_past_its_maximum(run)
 
 
 def test_default_tools_and_system_prompt_an_answer_or_the_context_error(agent_engine: tuple[str, ServerProcess],
                                                                         gateway: Gateway, tmp_path: Path) -> None:
     name, _ = agent_engine
-    before = len(gateway.requests())
     run = run_claude("Name a colour.", base=gateway.base, home=tmp_path, model=MODEL,
                      extra_env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": OUTPUT_TOKENS})
-    sent = gateway.sent_since(before)
+    too_long = run.result["is_error"] and run.result["result"].startswith("Prompt is too long")
+    sent = _sent(gateway, run, len({message["id"] for message in _answers(run)}) + too_long)
     assert sent and {r["outcome"] for r in sent} <= {"ok", CONTEXT_ERROR}, sent
     assert {r["backend"] for r in sent} == {name}, sent
     first = sent[0]  # Claude Code's tools and system prompt went to the engine
     assert first["outcome"] == CONTEXT_ERROR or first["prompt_tokens"] > 3000, first
-    if run.result["is_error"] and run.result["result"].startswith("Prompt is too long"):
+    if too_long:
         assert sent[-1]["error"] == "context_length_exceeded", sent
     else:
         assert _answers(run) and sent[-1]["outcome"] == "ok", (run.lines, sent)
@@ -124,7 +138,6 @@ def test_a_prompt_over_the_context_is_the_engines_error_in_anthropics_words(agen
     """A system prompt of ~9,000 tokens does not fit the engine's 8,192: the engine refuses it, the
     gateway says so as Anthropic does, and Claude Code shows its own "Prompt is too long"."""
     name, _ = agent_engine
-    before = len(gateway.requests())
     run = run_claude("Name a colour.", base=gateway.base, home=tmp_path, model=MODEL, tools=[],
                      system_prompt=SHORT_SYSTEM, extra_args=["--append-system-prompt", OVER_THE_CONTEXT],
                      extra_env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": OUTPUT_TOKENS})
@@ -133,6 +146,6 @@ def test_a_prompt_over_the_context_is_the_engines_error_in_anthropics_words(agen
     # Claude Code read the numbers of `prompt is too long: N tokens > 8192 maximum`
     shown = re.match(rf"Prompt is too long · the request is ~(\d+) tokens \(limit {AGENT_CONTEXT}\)", result["result"])
     assert shown and int(shown[1]) > AGENT_CONTEXT, result
-    sent = gateway.sent_since(before)
+    sent = _sent(gateway, run, 1)
     assert sent and all(r["error"] == "context_length_exceeded" and r["attempts"] == [
         {"backend": name, "outcome": "context_length_exceeded"}] for r in sent), sent
