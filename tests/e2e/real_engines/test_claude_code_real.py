@@ -8,7 +8,7 @@ and (b) of tests/e2e/test_claude_code.py on the proxied engines), run as that fi
     more once an engine's chat template renders the tools): an answer, or the engine's own
     context error in Anthropic's words, `prompt is too long: N tokens > M maximum`, which the CLI
     shows as "Prompt is too long" — never a hang (each run is timed out), a 5xx, or a 400 on a
-    field it sent (at 8,192 tokens both engines answered it in every run here: 4,113 prompt tokens);
+    field it sent (at 8,192 tokens both engines answered it in every run here: ~4,115 prompt tokens);
 (c) a system prompt over the context: the engine's own context error, in Anthropic's words
     through the gateway, read by the CLI ("Prompt is too long · the request is ~N tokens (limit
     8192)").
