@@ -14,7 +14,7 @@ with only `ANTHROPIC_BASE_URL` and a key pointing it here (engines/agents.py), i
 - Claude Code's own `max_tokens` (32000) over a context of 8,192: the gateway's Anthropic wording
   of the overflow makes Claude Code ask again with what fits, and it answers.
 
-The CLI against llama.cpp and vLLM behind the gateway is not here yet (issue #32).
+The CLI against llama.cpp and vLLM behind the gateway: tests/e2e/real_engines/test_claude_code_real.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Session fixtures for the real-engine tests: llama.cpp and vLLM serving the default model on
 free loopback ports (started once per test session, concurrently, stopped by PID), and a
-Switchyard gateway in front of them.
+Switchyard gateway in front of them; and `agent_engine`, one server per engine with the whole
+context and tool calling that the coding-agent CLIs' prompts need, shared by their tests.
 
 An engine is skipped only when its install step has not run (`python -m engines.install
 llamacpp|vllm`, which `make test` runs first).
@@ -24,6 +25,7 @@ CONTEXT = 2048  # tokens per request on both engines: vLLM --max-model-len, llam
 PROXY_MODULES = ("plugins.proxy.vllm", "plugins.proxy.llamacpp", "plugins.proxy.openai_compatible")
 ENGINES = ("llamacpp", "vllm")
 INSTALL_HINT = {"llamacpp": "python -m engines.install llamacpp", "vllm": "python -m engines.install vllm"}
+INSTALLED_CHECK = {"llamacpp": install.llamacpp_installed, "vllm": install.vllm_installed}
 
 
 def public_name(engine: str) -> str:
@@ -91,6 +93,37 @@ def engine(request: pytest.FixtureRequest, engine_servers: dict[str, ServerProce
     if name not in engine_servers:
         pytest.skip(f"{name} is not installed; run `{INSTALL_HINT[name]}`")
     return name
+
+
+AGENT_CONTEXT = 8192  # the default model's whole context: Codex's prompt is ~4,600 tokens, Claude Code's ~4,100
+
+
+def _start_for_agents(engine: str, log_dir: Path) -> ServerProcess:
+    """Tool calling on: `llama-server --jinja`, vLLM's hermes parser. llama-server is up in ~2 s,
+    vLLM (CPU) in ~60 s."""
+    if engine == "llamacpp":
+        return start_llamacpp(alias=MODEL, ctx_size=AGENT_CONTEXT, parallel=1, threads=1, extra=["--jinja"],
+                              log_dir=log_dir)
+    return start_vllm(served_model_names=[MODEL], max_model_len=AGENT_CONTEXT, enforce_eager=True,
+                      kv_cache_space_gib=1, extra=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                      log_dir=log_dir, timeout=float(os.environ.get("SWITCHYARD_VLLM_START_TIMEOUT", "600")))
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def agent_engine(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerProcess]]:
+    """(engine, server) for the agent CLIs' tests (test_codex_real.py, test_claude_code_real.py):
+    session-scoped so that pytest runs every test of one engine, of both files, on one server,
+    then stops it before starting the next engine's (vLLM's start is the minute that counts); the
+    last engine's server stays until the session ends."""
+    name = request.param
+    if not INSTALLED_CHECK[name]():
+        pytest.skip(f"{name} is not installed; run `{INSTALL_HINT[name]}`")
+    server = _start_for_agents(name, tmp_path_factory.mktemp(f"{name}-agent-logs"))
+    try:
+        yield name, server
+    finally:
+        server.stop()
 
 
 def gateway_config(servers: dict[str, ServerProcess], *, builtin: bool = False) -> str:
