@@ -51,6 +51,11 @@ def wait_depth(base: str, expected: int) -> None:
     assert wait_until(lambda: depth(base) == expected, timeout=30, interval=0.02), f"queue depth {depth(base)}, not {expected}"
 
 
+def queued_grants(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics").text
+    return {tenant: metric(text, "switchyard_flow_admissions_total", tenant=tenant, path="queued") for tenant in ("quiet", "flood")}
+
+
 def log_lines(log: Path, count: int) -> dict[str, dict]:
     assert wait_until(lambda: log.exists() and len(log.read_bytes().splitlines()) >= count, timeout=10)
     return {line["request_id"]: line for line in map(json.loads, log.read_bytes().splitlines())}
@@ -90,10 +95,10 @@ def test_without_headroom_the_top_band_waits_for_a_flood_request_to_end(two_repl
         quiet = Client(base, "quiet").send("b0")
         wait_depth(base, 4)  # it queues, first in line but behind every running request
         first.release()
-        wait_depth(base, 3)  # one slot freed, one request granted: the top band's, the last to come
-        text = httpx.get(base + "/metrics").text
-        assert metric(text, "switchyard_flow_admissions_total", tenant="quiet", path="queued") == 1
-        assert metric(text, "switchyard_flow_admissions_total", tenant="flood", path="queued") == 0
+        # the first slot freed goes to the top band's request, the last to come; the holders may
+        # also end on their own (their slot's context runs out), so another grant may come with it
+        assert wait_until(lambda: sum(queued_grants(base).values()) >= 1, timeout=30, interval=0.01)
+        assert queued_grants(base)["quiet"] == 1, queued_grants(base)
         holders.close()
         assert sorted(served_order([*flood, quiet])) == ["a0", "a1", "a2", "b0"]
         lines = log_lines(log, 6)
