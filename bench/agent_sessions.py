@@ -73,11 +73,11 @@ from bench.common import (  # noqa: E402
     wait_ready,
     write_result,
 )
+from bench.fleet_routing import REPLICAS, start_peer, start_replicas  # noqa: E402
 from bench.router_envs import ROUTERS  # noqa: E402
 from tests.support.agent_sessions import AgentSession, Fit, Turn, send_turn, sessions  # noqa: E402
 
 MODEL = "smol"
-REPLICAS = 3
 ARMS = ("switchyard", "round_robin", "sglang_cache_aware", "oracle", "switchyard_no_strip")
 DEFAULT_ARMS = ARMS[:4]
 SGLANG = ROUTERS["sglang-router"]
@@ -93,22 +93,6 @@ class Sent:
 
 
 # ------------------------------------------------------------------------------------ servers
-
-
-def start_replicas(log_dir: Path, args: argparse.Namespace) -> list[Server]:
-    from engines import install
-
-    binary, model = install.llama_server_path(), install.install_gguf()
-    servers = []
-    for i in range(REPLICAS):
-        port = free_port()
-        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c",
-                str(args.slots * args.ctx_per_slot), "-np", str(args.slots), "-t", "1", "-a", MODEL, "--metrics",
-                "--slots", "--cache-ram", str(args.cache_ram)]
-        servers.append(spawn(f"replica{i}", argv, port=port, log_dir=log_dir))
-    for server in servers:
-        wait_ready(server, timeout=120)
-    return servers
 
 
 def backend_table(name: str, type_: str, urls: list[str], balance: str | None = None) -> str:
@@ -145,14 +129,6 @@ def start_switchyard(arm: str, replicas: list[Server], router: Server | None, lo
     server = spawn(f"switchyard-{arm}", argv, port=port, log_dir=log_dir)
     wait_ready(server, path="/ready", timeout=120)
     return server, log
-
-
-def start_sglang(replicas: list[Server], log_dir: Path) -> Server:
-    port = free_port()
-    server = spawn("sglang_cache_aware", SGLANG.argv(port, [r.base for r in replicas], "cache_aware"), port=port,
-                   log_dir=log_dir)
-    wait_ready(server, path="/health", timeout=120)
-    return server
 
 
 def prefilled(replica: Server) -> dict[str, float]:
@@ -213,10 +189,11 @@ def run_arm(arm: str, args: argparse.Namespace) -> Run:
               turn_chars=args.turn_chars)
     agents = sessions(args.sessions, MODEL, fit, seed=args.seed)
     others = cpu_busy(1.0)
-    replicas = start_replicas(log_dir, args)
+    replicas = start_replicas(log_dir, args.cache_ram, args.slots, ctx_per_slot=args.ctx_per_slot, alias=MODEL,
+                              timeout=120)
     router = gateway = None
     try:
-        router = start_sglang(replicas, log_dir) if arm == "sglang_cache_aware" else None
+        router = start_peer("sglang_cache_aware", replicas, log_dir) if arm == "sglang_cache_aware" else None
         gateway, request_log = start_switchyard(arm, replicas, router, log_dir)
         idle0, t_idle = tree_cpu_seconds(gateway.pid), time.perf_counter()
         time.sleep(args.idle_s)  # the gateway's own background work (health probes, load scrapes) per second

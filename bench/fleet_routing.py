@@ -202,8 +202,10 @@ async def run_trace(arm: Arm, systems: list[str], trace: list[Conversation], *, 
 # ------------------------------------------------------------------------------------ the servers
 
 
-def start_replicas(log_dir: Path, cache_ram: int, parallel: int = 2) -> list[Server]:
-    """`REPLICAS` llama-servers of `parallel` slots, 2048 tokens of context each."""
+def start_replicas(log_dir: Path, cache_ram: int, parallel: int = 2, *, ctx_per_slot: int = 2048,
+                   alias: str | None = None, timeout: float = 60.0) -> list[Server]:
+    """`REPLICAS` llama-servers of `parallel` slots, `ctx_per_slot` tokens of context each, serving
+    the model as `alias` (default: `replica<i>`, so each names itself)."""
     from engines import install
 
     binary = install.llama_server_path()
@@ -211,11 +213,12 @@ def start_replicas(log_dir: Path, cache_ram: int, parallel: int = 2) -> list[Ser
     servers = []
     for i in range(REPLICAS):
         port = free_port()
-        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(2048 * parallel),
-                "-np", str(parallel), "-t", "1", "-a", f"replica{i}", "--metrics", "--slots", "--cache-ram", str(cache_ram)]
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c",
+                str(ctx_per_slot * parallel), "-np", str(parallel), "-t", "1", "-a", alias or f"replica{i}",
+                "--metrics", "--slots", "--cache-ram", str(cache_ram)]
         servers.append(spawn(f"replica{i}", argv, port=port, log_dir=log_dir))
     for server in servers:
-        wait_ready(server, timeout=60)
+        wait_ready(server, timeout=timeout)
     return servers
 
 
