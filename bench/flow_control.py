@@ -22,8 +22,10 @@ Every request: the same ~640-token prompt (`--short`: ~130) with a per-request n
 are owed half each, three a third.
 
 Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots, `priority_headroom` =
-headroom, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's route), `flow_no_headroom`
-(the same without the headroom: the top band waits for a slot like the others), `plain`
+headroom, `isolate_top_band_prefill`, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's
+route), `flow_shared_prefill` (the same without `isolate_top_band_prefill`: B is placed like the
+others, beside their prefills), `flow_no_headroom` (neither: the top band waits for a slot like
+the others), `plain`
 (Switchyard, flow control off, `prefix_cache` placement), `sglang_cache_aware` (sglang-router),
 `engine_priority` (the engines' own priority alone: llama-server has none, so this arm needs
 vLLM replicas and is skipped here), and `b_alone` (only tenant B's requests through `plain`:
@@ -64,8 +66,8 @@ HEADROOM = 1  # priority_headroom: the top band's more (`--headroom`); every arm
 TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, -1), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
 BAND_EDGES = (0, 1)  # priority < 0: band 0; 0: band 1; >= 1: band 2
 AGING_S = 30.0
-ARMS = ("flow", "flow_no_headroom", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
-FLOW_ARMS = ("flow", "flow_no_headroom")
+ARMS = ("flow", "flow_shared_prefill", "flow_no_headroom", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
+FLOW_ARMS = ("flow", "flow_shared_prefill", "flow_no_headroom")
 PROMPT_WORDS = 150  # ~640 tokens (`--short`: 30, ~130)
 MAX_TOKENS = 32  # (`--short`: 16)
 TTFT_SLO_MS = 4000
@@ -212,26 +214,27 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
     }
 
 
-def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0) -> str:
+def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False) -> str:
     keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\npriority = {priority}\n' if flow else
                    f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, priority in TENANTS.values())
     flow_tables = (f"\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = {list(BAND_EDGES)}\n"
                    f"aging_s = {AGING_S}\n") if flow else ""
     routes = "".join(f'\n[[routes]]\nname = "{name}"\n{slo}[[routes.targets]]\nbackend = "fleet"\nmodel = "{MODEL}"\n'
                      for name, slo in ((MODEL, f"ttft_slo_ms = {TTFT_SLO_MS}\n" if flow else ""), (BATCH_MODEL, "")))
-    backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\npriority_headroom = {headroom}\n" if flow else "")
+    backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\npriority_headroom = {headroom}\n"
+                    f"isolate_top_band_prefill = {str(isolate).lower()}\n" if flow else "")
     return (f'[server]\nrequest_log = "{log_dir / "requests.jsonl"}"\nlog_level = "warning"\n{keys}{flow_tables}\n'
             f'[plugins]\ndisable = ["builtin"]\n\n[[backends]]\nname = "fleet"\ntype = "llamacpp"\n{backend_flow}'
             f'[backends.options]\nendpoints = {json.dumps([r.base for r in replicas])}\nmodels = {{ "{MODEL}" = "{MODEL}" }}\n'
             f'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n{routes}')
 
 
-def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0) -> Server | None:
+def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False) -> Server | None:
     """None when the configuration is refused."""
     port = free_port()
     config = log_dir / f"switchyard-{'flow' if flow else 'plain'}.toml"
     (log_dir / "requests.jsonl").unlink(missing_ok=True)  # this run's requests only
-    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom))
+    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom, isolate=isolate))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     server = spawn(f"switchyard-{'flow' if flow else 'plain'}", argv, port=port, log_dir=log_dir)
     try:
@@ -276,7 +279,8 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
     flow = arm in FLOW_ARMS
     try:
         if arm in (*FLOW_ARMS, "plain", "b_alone"):
-            router = start_switchyard(replicas, log_dir, flow=flow, headroom=args.headroom if arm == "flow" else 0)
+            router = start_switchyard(replicas, log_dir, flow=flow, headroom=0 if arm == "flow_no_headroom" else args.headroom,
+                                      isolate=arm == "flow")
             if router is None:
                 print(f"  {arm}: Switchyard refused its configuration: skipped", flush=True)
                 return None
