@@ -5,10 +5,12 @@ through each arm.
     .venv/bin/python bench/flow_control.py               # every arm (needs `make engines`, sglang-router:
                                                          # python bench/router_envs.py install)
     .venv/bin/python bench/flow_control.py --short       # a 40 s trace of smaller requests: ~12 min
+    .venv/bin/python bench/flow_control.py --short --duration 90   # more B requests: ~25 min
     .venv/bin/python bench/flow_control.py --arms flow plain --duration 30
 
 Every arm's replicas are three `llama-server`s of `slots + headroom` slots each (`-np 3` by
-default), so that every arm has the same engines. Capacity first: the plain arm under a closed
+default), so that every arm has the same engines; the flow arms fill `--replica-concurrency` of
+the ordinary ones (default 1). Capacity first: the plain arm under a closed
 loop of `slots x replicas` streams for `--capacity-s` seconds gives the fleet's requests per
 second. Then an open-loop trace (Poisson arrivals, fixed seed) of `--duration` seconds:
 
@@ -21,8 +23,9 @@ Every request: the same ~640-token prompt (`--short`: ~130) with a per-request n
 `max_tokens` 32 (`--short`: 16), streamed. Keys have equal `weight`, so two tenants contending
 are owed half each, three a third.
 
-Arms: `flow` (Switchyard, flow control on, `replica_concurrency` = slots, `priority_headroom` =
-headroom, `isolate_top_band_prefill`, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's
+Arms: `flow` (Switchyard, flow control on, `replica_concurrency` 1 — one ordinary request per
+replica, so that B's prefill shares a one-thread engine with at most one other —
+`priority_headroom` = headroom, `isolate_top_band_prefill`, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's
 route), `flow_shared_prefill` (the same without `isolate_top_band_prefill`: B is placed like the
 others, beside their prefills), `flow_no_headroom` (neither: the top band waits for a slot like
 the others), `plain`
@@ -61,8 +64,9 @@ from bench.flow_control_share import a_share, read_log, requests_of  # noqa: E40
 
 MODEL = "smol"  # the interactive route (A and B), `ttft_slo_ms` in the flow arm
 BATCH_MODEL = "smol-batch"  # C's route: the same fleet, no SLO (a batch job waits rather than be refused)
-SLOTS = 2  # replica_concurrency: the slots of each replica every band may fill
-HEADROOM = 1  # priority_headroom: the top band's more (`--headroom`); every arm's engines run -np SLOTS + HEADROOM
+SLOTS = 2  # each replica's ordinary slots: every arm's engines run -np SLOTS + HEADROOM
+HEADROOM = 1  # priority_headroom: the top band's more (`--headroom`)
+REPLICA_CONCURRENCY = 1  # the flow arms' replica_concurrency (`--replica-concurrency`; runs 1-6 of bench/README.md: SLOTS)
 TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, -1), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
 BAND_EDGES = (0, 1)  # priority < 0: band 0; 0: band 1; >= 1: band 2
 AGING_S = 30.0
@@ -214,14 +218,15 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
     }
 
 
-def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False) -> str:
+def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False,
+                      replica_concurrency: int = REPLICA_CONCURRENCY) -> str:
     keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\npriority = {priority}\n' if flow else
                    f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, priority in TENANTS.values())
     flow_tables = (f"\n[server.flow_control]\nenabled = true\ntenant = \"key\"\nband_edges = {list(BAND_EDGES)}\n"
                    f"aging_s = {AGING_S}\n") if flow else ""
     routes = "".join(f'\n[[routes]]\nname = "{name}"\n{slo}[[routes.targets]]\nbackend = "fleet"\nmodel = "{MODEL}"\n'
                      for name, slo in ((MODEL, f"ttft_slo_ms = {TTFT_SLO_MS}\n" if flow else ""), (BATCH_MODEL, "")))
-    backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {SLOTS}\npriority_headroom = {headroom}\n"
+    backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {replica_concurrency}\npriority_headroom = {headroom}\n"
                     f"isolate_top_band_prefill = {str(isolate).lower()}\n" if flow else "")
     return (f'[server]\nrequest_log = "{log_dir / "requests.jsonl"}"\nlog_level = "warning"\n{keys}{flow_tables}\n'
             f'[plugins]\ndisable = ["builtin"]\n\n[[backends]]\nname = "fleet"\ntype = "llamacpp"\n{backend_flow}'
@@ -229,12 +234,14 @@ def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, head
             f'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n{routes}')
 
 
-def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False) -> Server | None:
+def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False,
+                     replica_concurrency: int = REPLICA_CONCURRENCY) -> Server | None:
     """None when the configuration is refused."""
     port = free_port()
     config = log_dir / f"switchyard-{'flow' if flow else 'plain'}.toml"
     (log_dir / "requests.jsonl").unlink(missing_ok=True)  # this run's requests only
-    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom, isolate=isolate))
+    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom, isolate=isolate,
+                                        replica_concurrency=replica_concurrency))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     server = spawn(f"switchyard-{'flow' if flow else 'plain'}", argv, port=port, log_dir=log_dir)
     try:
@@ -280,7 +287,7 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
     try:
         if arm in (*FLOW_ARMS, "plain", "b_alone"):
             router = start_switchyard(replicas, log_dir, flow=flow, headroom=0 if arm == "flow_no_headroom" else args.headroom,
-                                      isolate=arm == "flow")
+                                      isolate=arm == "flow", replica_concurrency=args.replica_concurrency)
             if router is None:
                 print(f"  {arm}: Switchyard refused its configuration: skipped", flush=True)
                 return None
@@ -304,19 +311,23 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--duration", type=float, help="seconds of arrivals (default 60; --short: 40)")
     parser.add_argument("--capacity-s", type=float, default=20.0)
     parser.add_argument("--capacity-rps", type=float, help="skip the capacity measurement: the fleet's requests per second")
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--headroom", type=int, default=HEADROOM,
                         help="the `flow` arm's priority_headroom; every arm's engines run -np slots + this")
+    parser.add_argument("--replica-concurrency", type=int, default=REPLICA_CONCURRENCY,
+                        help="the flow arms' replica_concurrency (the engines keep -np slots + headroom in every arm)")
     parser.add_argument("--plan", action="store_true", help="print the trace and the arms; start nothing")
     parser.add_argument("--short", action="store_true", help="a 40 s trace of ~130-token prompts and 16-token answers")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.short:  # a smaller request, so that a loaded 2-core machine serves enough of them
         global PROMPT_WORDS, MAX_TOKENS
-        args.duration, args.capacity_s, PROMPT_WORDS, MAX_TOKENS = 40.0, 15.0, 30, 16
+        args.capacity_s, PROMPT_WORDS, MAX_TOKENS = 15.0, 30, 16
+    if args.duration is None:
+        args.duration = 40.0 if args.short else 60.0
     if args.plan:
         capacity = args.capacity_rps or 4.0
         trace = make_trace(args.seed, capacity, args.duration)
@@ -326,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print_header("flow control: three tenants on a full fleet", {"duration_s": str(args.duration), "seed": str(args.seed),
                                                                  "prompt_words": str(PROMPT_WORDS), "max_tokens": str(MAX_TOKENS),
-                                                                 "slots": str(SLOTS), "headroom": str(args.headroom)})
+                                                                 "slots": str(SLOTS), "headroom": str(args.headroom),
+                                                                 "replica_concurrency": str(args.replica_concurrency)})
     capacity = args.capacity_rps
     if capacity is None:
         from bench.fleet_routing import start_replicas

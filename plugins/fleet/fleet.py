@@ -9,8 +9,8 @@ no new request, its requests in flight finish, then its pool is closed and it is
 
 A request sent in the flow control's top band (`RequestSpec.top_band`) is kept apart from other
 prefills (`apart_from_prefills`): it goes to a replica where no request waits for its first byte
-(else where the fewest do), and while it waits for its own, its replica is the last choice of
-any other request. The placement policy chooses among what is left.
+(else where the fewest do, rather beside others' than beside another top-band one), and while it
+waits for its own, its replica is the last choice of any other request. The placement policy chooses among what is left.
 """
 
 from __future__ import annotations
@@ -64,14 +64,19 @@ def outcome_label(error: BaseException | None) -> str:
 def apart_from_prefills(spec: RequestSpec, candidates: list[Replica]) -> list[Replica]:
     """The candidates a request may go to, kept apart from top-band prefills (see the module): a
     top-band request's, of those with a free slot (all when none has), those where the fewest
-    requests wait for their first byte; any other's, those with no top-band request waiting for
-    its first byte, or all when every one has one."""
+    requests wait for their first byte, rather without a top-band one; any other's, those with no top-band
+    request waiting for its first byte, or all when every one has one."""
     if spec.top_band:
         candidates = [r for r in candidates if r.has_free_slot()] or candidates
-        fewest = min(len(r.prefilling) for r in candidates)
-        return [r for r in candidates if len(r.prefilling) == fewest]
+        fewest = min(prefills(r) for r in candidates)
+        return [r for r in candidates if prefills(r) == fewest]
     apart = [r for r in candidates if not r.prefills_top_band()]
     return apart or candidates
+
+
+def prefills(replica: Replica) -> tuple[int, bool]:
+    """How many requests wait for their first byte on `replica`, and whether one is top band."""
+    return len(replica.prefilling), replica.prefills_top_band()
 
 
 class Fleet:

@@ -2,8 +2,9 @@
 flow control's `isolate_top_band_prefill`), on a real `Fleet` of three replicas under
 `least_busy`: the top-band request goes where no request waits for its first byte, even past a
 less loaded replica; while it waits for its own, other requests go elsewhere, then its replica
-is theirs again; with no other choice they still go; an engine with no free slot is passed over;
-a request that is not top band changes nothing."""
+is theirs again; with no other choice they still go; with a prefill on every replica it goes
+beside an ordinary one, not another top-band one; an engine with no free slot is passed over; a
+request that is not top band changes nothing."""
 
 from __future__ import annotations
 
@@ -88,3 +89,15 @@ def test_without_top_band_requests_placement_is_the_policy_s() -> None:
     for i in range(7):
         spec = request(f"r-{i}")
         assert fleet.choose(spec).url == plain.choose(spec).url
+
+
+def test_with_a_prefill_everywhere_a_top_band_request_goes_beside_an_ordinary_one() -> None:
+    fleet, (r0, r1, r2) = three()
+    for replica, name in ((r0, "a-0"), (r1, "a-1")):
+        answering = request(f"{name}-answering")  # r0 and r1 are the busier: one more request each, past its prefill
+        assert fleet.choose(answering, [r for r in (r0, r1, r2) if r is not replica]) is replica
+        fleet.first_byte(replica, answering)
+        assert fleet.choose(request(name), [r for r in (r0, r1, r2) if r is not replica]) is replica
+    assert fleet.choose(request("top-0", top_band=True), [r0, r1]) is r2
+    assert [len(r.prefilling) for r in (r0, r1, r2)] == [1, 1, 1] and (r0.in_flight, r1.in_flight, r2.in_flight) == (2, 2, 1)
+    assert fleet.choose(request("top-1", top_band=True)) in (r0, r1)  # least_busy alone: r2, beside the other top-band prefill
