@@ -25,14 +25,15 @@ are owed half each, three a third.
 
 Arms: `flow` (Switchyard, flow control on, `replica_concurrency` 1 — one ordinary request per
 replica, so that B's prefill shares a one-thread engine with at most one other —
-`priority_headroom` = headroom, `isolate_top_band_prefill`, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's
-route), `flow_shared_prefill` (the same without `isolate_top_band_prefill`: B is placed like the
-others, beside their prefills), `flow_no_headroom` (neither: the top band waits for a slot like
-the others), `plain`
-(Switchyard, flow control off, `prefix_cache` placement), `sglang_cache_aware` (sglang-router),
-`engine_priority` (the engines' own priority alone: llama-server has none, so this arm needs
-vLLM replicas and is skipped here), and `b_alone` (only tenant B's requests through `plain`:
-B's own baseline).
+`priority_headroom` = headroom, the keys' `priority`, `ttft_slo_ms` 4 s on A's and B's route),
+`flow_no_headroom` (the same without the headroom: the top band waits for a slot like the
+others), `plain` (Switchyard, flow control off, `prefix_cache` placement), `sglang_cache_aware`
+(sglang-router), `engine_priority` (the engines' own priority alone: llama-server has none, so
+this arm needs vLLM replicas and is skipped here), `b_alone` (only tenant B's requests through
+`plain`: B's own baseline), and `b_host_busy` (B's requests straight to one replica that runs
+nothing else, while a closed loop of `--replica-concurrency` A streams keeps each other replica
+busy: what B's TTFT is when its engine is its own but the host's cores are not — the floor no
+placement or queue can go under on a host whose replicas share cores).
 
 Per arm and tenant: sent, served, refused (429 with Retry-After), lost (anything else: an error,
 a timeout, a stream without tokens), TTFT p50/p99; per arm: output tokens/s. Per flow arm, from
@@ -70,8 +71,8 @@ REPLICA_CONCURRENCY = 1  # the flow arms' replica_concurrency (`--replica-concur
 TENANTS = {"A": ("key-a", 5.0, 0), "B": ("key-b", 0.10, -1), "C": ("key-c", 0.30, 10)}  # key, x capacity, priority
 BAND_EDGES = (0, 1)  # priority < 0: band 0; 0: band 1; >= 1: band 2
 AGING_S = 30.0
-ARMS = ("flow", "flow_shared_prefill", "flow_no_headroom", "plain", "sglang_cache_aware", "engine_priority", "b_alone")
-FLOW_ARMS = ("flow", "flow_shared_prefill", "flow_no_headroom")
+ARMS = ("flow", "flow_no_headroom", "plain", "sglang_cache_aware", "engine_priority", "b_alone", "b_host_busy")
+FLOW_ARMS = ("flow", "flow_no_headroom")
 PROMPT_WORDS = 150  # ~640 tokens (`--short`: 30, ~130)
 MAX_TOKENS = 32  # (`--short`: 16)
 TTFT_SLO_MS = 4000
@@ -164,6 +165,37 @@ async def fire(url: str, trace: list[Shot], *, send_priority: bool, batch_route:
         return outcomes, time.perf_counter() - t0
 
 
+async def beside_a_busy_host(replicas: list[Server], trace: list[Shot], streams: int) -> tuple[list[Outcome], float]:
+    """`trace` (B's requests) straight to the first replica, which runs nothing else, while a
+    closed loop of `streams` A requests per replica keeps every other replica busy."""
+    import httpx
+
+    stop = asyncio.Event()
+    started = 0
+
+    async def keep_busy(client: httpx.AsyncClient, url: str, first: int) -> None:
+        nonlocal started
+        started += 1
+        n = first
+        while not stop.is_set():
+            payload = body(Shot("A", 0.0, n))
+            payload.pop("priority")
+            async with client.stream("POST", url + "/v1/chat/completions", json=payload) as response:
+                async for _ in response.aiter_lines():
+                    pass
+            n += 1
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), trust_env=False) as client:
+        loops = [asyncio.create_task(keep_busy(client, replica.base, 1_000_000 * (i + 1) + 10_000 * j))
+                 for i, replica in enumerate(replicas[1:]) for j in range(streams)]
+        await asyncio.sleep(2.0)  # every loop has a request running
+        try:
+            return await fire(replicas[0].base, trace, send_priority=False)
+        finally:
+            stop.set()
+            await asyncio.gather(*loops)
+
+
 def band_of(priority: int) -> int:
     return sum(priority >= edge for edge in BAND_EDGES)
 
@@ -218,7 +250,18 @@ def targets(rows: dict[str, dict]) -> dict[str, bool | None]:
     }
 
 
-def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False,
+def floor(rows: dict[str, dict]) -> dict[str, float | None]:
+    """B's p99 TTFT beside a busy host (its engine its own) and under `flow`, each over B alone."""
+    alone = rows.get("b_alone", {}).get("tenants", {}).get("B", {}).get("ttft_p99_s")
+
+    def over_alone(arm: str) -> float | None:
+        p99 = rows.get(arm, {}).get("tenants", {}).get("B", {}).get("ttft_p99_s")
+        return None if not (p99 and alone) else p99 / alone
+
+    return {"b_p99_host_busy_over_alone": over_alone("b_host_busy"), "b_p99_flow_over_alone": over_alone("flow")}
+
+
+def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0,
                       replica_concurrency: int = REPLICA_CONCURRENCY) -> str:
     keys = "".join(f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\nweight = 1.0\npriority = {priority}\n' if flow else
                    f'\n[[server.keys]]\nname = "{key}"\nkey = "{key}"\n' for key, _, priority in TENANTS.values())
@@ -227,21 +270,20 @@ def switchyard_config(replicas: list[Server], log_dir: Path, *, flow: bool, head
     routes = "".join(f'\n[[routes]]\nname = "{name}"\n{slo}[[routes.targets]]\nbackend = "fleet"\nmodel = "{MODEL}"\n'
                      for name, slo in ((MODEL, f"ttft_slo_ms = {TTFT_SLO_MS}\n" if flow else ""), (BATCH_MODEL, "")))
     backend_flow = (f"[backends.flow_control]\nreplica_concurrency = {replica_concurrency}\npriority_headroom = {headroom}\n"
-                    f"isolate_top_band_prefill = {str(isolate).lower()}\n" if flow else "")
+                    if flow else "")
     return (f'[server]\nrequest_log = "{log_dir / "requests.jsonl"}"\nlog_level = "warning"\n{keys}{flow_tables}\n'
             f'[plugins]\ndisable = ["builtin"]\n\n[[backends]]\nname = "fleet"\ntype = "llamacpp"\n{backend_flow}'
             f'[backends.options]\nendpoints = {json.dumps([r.base for r in replicas])}\nmodels = {{ "{MODEL}" = "{MODEL}" }}\n'
             f'balance = "prefix_cache"\n[backends.options.timeouts]\nfirst_byte_s = 600\n{routes}')
 
 
-def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0, isolate: bool = False,
+def start_switchyard(replicas: list[Server], log_dir: Path, *, flow: bool, headroom: int = 0,
                      replica_concurrency: int = REPLICA_CONCURRENCY) -> Server | None:
     """None when the configuration is refused."""
     port = free_port()
     config = log_dir / f"switchyard-{'flow' if flow else 'plain'}.toml"
     (log_dir / "requests.jsonl").unlink(missing_ok=True)  # this run's requests only
-    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom, isolate=isolate,
-                                        replica_concurrency=replica_concurrency))
+    config.write_text(switchyard_config(replicas, log_dir, flow=flow, headroom=headroom, replica_concurrency=replica_concurrency))
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
     server = spawn(f"switchyard-{'flow' if flow else 'plain'}", argv, port=port, log_dir=log_dir)
     try:
@@ -286,16 +328,19 @@ def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | N
     flow = arm in FLOW_ARMS
     try:
         if arm in (*FLOW_ARMS, "plain", "b_alone"):
-            router = start_switchyard(replicas, log_dir, flow=flow, headroom=0 if arm == "flow_no_headroom" else args.headroom,
-                                      isolate=arm == "flow", replica_concurrency=args.replica_concurrency)
+            router = start_switchyard(replicas, log_dir, flow=flow, headroom=args.headroom if arm == "flow" else 0,
+                                      replica_concurrency=args.replica_concurrency)
             if router is None:
                 print(f"  {arm}: Switchyard refused its configuration: skipped", flush=True)
                 return None
         elif arm == "sglang_cache_aware":
             router = start_peer("sglang_cache_aware", replicas, log_dir)
-        trace = make_trace(args.seed, capacity_rps, args.duration, ("B",) if arm == "b_alone" else tuple(TENANTS))
-        outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=flow,  # type: ignore[union-attr]
-                                          batch_route=arm in (*FLOW_ARMS, "plain", "b_alone")))
+        trace = make_trace(args.seed, capacity_rps, args.duration, ("B",) if arm in ("b_alone", "b_host_busy") else tuple(TENANTS))
+        if arm == "b_host_busy":
+            outcomes, wall = asyncio.run(beside_a_busy_host(replicas, trace, args.replica_concurrency))
+        else:
+            outcomes, wall = asyncio.run(fire(router.base, trace, send_priority=flow,  # type: ignore[union-attr]
+                                              batch_route=arm in (*FLOW_ARMS, "plain", "b_alone")))
         row = summarize(arm, outcomes, wall)
         if flow:
             row["share"] = share_figures(log_dir / "requests.jsonl")
@@ -365,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         if row is not None:
             rows[arm] = row
             print(json.dumps(row), flush=True)
-    report = {"capacity_rps": capacity, "arms": rows, "targets": targets(rows)}
-    print(json.dumps(report["targets"], indent=2))
+    report = {"capacity_rps": capacity, "arms": rows, "targets": targets(rows), "floor": floor(rows)}
+    print(json.dumps({**report["targets"], **report["floor"]}, indent=2))
     write_result("flow_control", report, results_dir=args.results_dir, smoke=False)
     return 0
 

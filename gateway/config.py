@@ -88,10 +88,6 @@ class BackendFlowConfig(_Config):
     # band (band 0; not those aged into it) may be granted; its engines must run that many more
     # (llama-server -np, vLLM max_num_seqs). 0: none
     priority_headroom: Annotated[int, Meta(ge=0)] = 0
-    # a fleet places a request sent in the top band on a replica where no request waits for its
-    # first token (where one has a free slot), and sends no other new request to that replica
-    # until its own first token while another replica can take it. A fleet (replicas) only
-    isolate_top_band_prefill: bool = False
     max_queue: Annotated[int, Meta(ge=0)] | None = None
     queue_timeout_s: Annotated[float, Meta(gt=0.0)] | None = None
 
@@ -400,21 +396,19 @@ def _check_flow_control(flow: FlowControlConfig, source: str) -> None:
 
 
 def _check_backend_flow(config: Config, source: str) -> None:
-    """A `priority_headroom` adds to `replica_concurrency` (so it needs one); it and
-    `isolate_top_band_prefill` are for the top band only (so they need more than one band)."""
+    """A `priority_headroom` adds to `replica_concurrency` (so it needs one), and is for the top
+    band only (so it needs more than one band)."""
     for i, backend in enumerate(config.backends):
         table = backend.flow_control
-        if table is None:
+        if table is None or not table.priority_headroom:
             continue
-        if table.priority_headroom and table.replica_concurrency is None:
-            where = f"backends[{i}].flow_control.priority_headroom"
+        where = f"backends[{i}].flow_control.priority_headroom"
+        if table.replica_concurrency is None:
             raise ConfigError(f"{source}: `priority_headroom` is slots beyond `replica_concurrency`, which is not set, "
                               f"at `{where}`", param=where)
-        for knob in ("priority_headroom", "isolate_top_band_prefill"):
-            if getattr(table, knob) and not config.server.flow_control.band_edges:
-                where = f"backends[{i}].flow_control.{knob}"
-                raise ConfigError(f"{source}: `{knob}` is for the top band, and `server.flow_control.band_edges` "
-                                  f"makes one band of every request, at `{where}`", param=where)
+        if not config.server.flow_control.band_edges:
+            raise ConfigError(f"{source}: `priority_headroom` is for the top band, and `server.flow_control.band_edges` "
+                              f"makes one band of every request, at `{where}`", param=where)
 
 
 def resolve_backend_options(config: Config, types: dict[str, BackendType]) -> list[tuple[BackendConfig, BackendType, Any]]:

@@ -58,7 +58,7 @@ from plugins.contract.protocol import (
     Usage,
 )
 
-PLUGIN_API_VERSION = (1, 2)  # 1.1: `ReportsServedBy` (and `RequestSpec.replica` gone); 1.2: `RequestSpec.top_band`
+PLUGIN_API_VERSION = (1, 1)  # 1.1: `ReportsServedBy` (and `RequestSpec.replica` gone)
 
 SamplingParams = Sampling  # deprecated: the old name of `Sampling` (see the module's docstring)
 

@@ -14,13 +14,12 @@ from gateway.flow_control.bands import Bands
 from gateway.flow_control.capacity import backend_headroom, backend_readings
 from gateway.flow_control.ledger import Ledger, MemoryLedger
 from gateway.flow_control.metrics import WORKER_MODES, DepthCollector, FlowMetrics
-from gateway.flow_control.policy import Asked, FlowPolicy
+from gateway.flow_control.policy import FlowPolicy
 from gateway.flow_control.queue import FlowQueue, QueueLimits, new_owner
 from gateway.flow_control.service_rate import ServiceRate
 from gateway.flow_control.stats import FlowObserver
 from gateway.keys import LEASE_MARGIN_S, longest_deadline
 from gateway.keys.resp import RespClient
-from plugins.contract.errors import ConfigError
 from gateway.observability.metrics import Metrics
 
 NO_BACKEND_TABLE = BackendFlowConfig()
@@ -30,20 +29,13 @@ class FlowControl:
     """The policy and the queue of each backend, for the request path (`queue_of`) and the
     gateway's drain and close."""
 
-    def __init__(self, policy: FlowPolicy, queues: dict[str, FlowQueue], client: RespClient | None,
-                 isolated: frozenset[str] = frozenset()) -> None:
+    def __init__(self, policy: FlowPolicy, queues: dict[str, FlowQueue], client: RespClient | None) -> None:
         self.policy = policy
         self.queues = queues
         self.client = client  # the shared RESP client, when the ledgers are in Redis
-        self.isolated = isolated  # the backends with `isolate_top_band_prefill`
 
     def queue_of(self, backend: str) -> FlowQueue | None:
         return self.queues.get(backend)
-
-    def top_band(self, backend: str, asked: Asked) -> bool:
-        """Whether `backend`'s fleet keeps this request's prefill apart (`RequestSpec.top_band`):
-        it was sent in the top band and the backend has `isolate_top_band_prefill`."""
-        return asked.ask.band == 0 and backend in self.isolated
 
     def fail_waiters(self, error: BaseException) -> None:
         for queue in self.queues.values():
@@ -94,18 +86,11 @@ def build_flow_control(config: Config, backends: Mapping[str, Any], metrics: Met
     lease_s = longest_deadline(config) + LEASE_MARGIN_S
     flow_metrics = FlowMetrics(metrics.registry, tenants_bounded=policy.tenants.bounded)
     queues: dict[str, FlowQueue] = {}
-    isolated: set[str] = set()
-    for i, cfg in enumerate(config.backends):
+    for cfg in config.backends:
         backend = backends.get(cfg.name)
         if backend is None:
             continue
         table = cfg.flow_control or NO_BACKEND_TABLE
-        if table.isolate_top_band_prefill:
-            if getattr(backend, "fleet", None) is None:
-                where = f"backends[{i}].flow_control.isolate_top_band_prefill"
-                raise ConfigError(f"{config.source}: `isolate_top_band_prefill` places requests among a fleet's replicas, "
-                                  f"and backend `{cfg.name}` (type {cfg.type!r}) has none, at `{where}`", param=where)
-            isolated.add(cfg.name)
         capacity, has_room = backend_readings(backend, max_concurrent=cfg.max_concurrent,
                                               replica_concurrency=table.replica_concurrency, workers=workers)
         headroom = backend_headroom(backend, max_concurrent=cfg.max_concurrent, replica_concurrency=table.replica_concurrency,
@@ -116,4 +101,4 @@ def build_flow_control(config: Config, backends: Mapping[str, Any], metrics: Met
                                      rate=ServiceRate(flow.rate_smoothing), observer=observer or flow_metrics,
                                      on_state_error=server.on_state_error)
     metrics.show_live(DepthCollector(queues, flow_metrics), WORKER_MODES)
-    return FlowControl(policy, queues, client, frozenset(isolated))
+    return FlowControl(policy, queues, client)

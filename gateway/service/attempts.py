@@ -97,7 +97,7 @@ class Observed:
                 return None
             caps = resolved.backend.capabilities()
             asked = self.accounting.asked if self.accounting is not None else None
-            spec = self._attempt_spec(resolved, caps, asked)
+            spec = self._attempt_spec(resolved.target.model, caps, asked)
             self.tried.append(resolved.target)
             try:
                 check_capabilities(spec, caps, resolved.backend.name)
@@ -121,19 +121,16 @@ class Observed:
             return resolved
         return None
 
-    def _attempt_spec(self, resolved: Resolved, caps: Capabilities, asked: Asked | None) -> RequestSpec:
+    def _attempt_spec(self, model: str, caps: Capabilities, asked: Asked | None) -> RequestSpec:
         """The client's spec for one attempt: its upstream model; with flow control, the band's
         `priority` for the engine — and `priority` is the gateway's own field then, never refused:
-        a backend that does not take it is not sent it (it leaves `extensions`) — and whether its
-        fleet keeps its prefill apart (`top_band`)."""
-        model, flow = resolved.target.model, self.gateway.flow
-        if asked is None or flow is None:
+        a backend that does not take it is not sent it (it leaves `extensions`)."""
+        if asked is None:
             return msgspec.structs.replace(self.spec, upstream_model=model)
         extensions = self.spec.extensions
         if "priority" in extensions and "priority" not in caps.extensions:
             extensions = extensions - {"priority"}
-        return msgspec.structs.replace(self.spec, upstream_model=model, priority=asked.priority, extensions=extensions,
-                                       top_band=flow.top_band(resolved.backend.name, asked))
+        return msgspec.structs.replace(self.spec, upstream_model=model, priority=asked.priority, extensions=extensions)
 
     @property
     def arm(self) -> ArmMetrics:

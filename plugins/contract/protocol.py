@@ -120,10 +120,6 @@ class RequestSpec(msgspec.Struct, kw_only=True):
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     session: str | None = None  # the agent session it belongs to (see above); None: none said
-    # sent in the flow control's top band, on a backend whose `isolate_top_band_prefill` is on: a
-    # fleet places it on a replica with no request in its prefill where one can take it, and
-    # sends no other new request to that replica until its first byte, while another can take it
-    top_band: bool = False
     extensions: frozenset[str] = frozenset()
     headers: dict[str, str] = {}  # selected client headers (routing keys), the W3C trace context; never auth headers
     # the output limit the client asked for, where its route (`over_max_tokens = "clamp"`) lowered

@@ -2,15 +2,10 @@
 circuit breaker, draining), which should (the placement policy), and what their engines say
 about their load (a scrape loop per replica, off the request path).
 
-The backend asks `choose(spec, tried)` for each attempt, tells `first_byte(...)` when its
-answer begins and `finished(...)` once the attempt is over; a failure before the first byte may
-be tried on another replica (`can_retry`). A replica that leaves discovery is drained: it takes
-no new request, its requests in flight finish, then its pool is closed and it is forgotten.
-
-A request sent in the flow control's top band (`RequestSpec.top_band`) is kept apart from other
-prefills (`apart_from_prefills`): it goes to a replica where no request waits for its first byte
-(else where the fewest do, rather beside others' than beside another top-band one), and while it
-waits for its own, its replica is the last choice of any other request. The placement policy chooses among what is left.
+The backend asks `choose(spec, tried)` for each attempt and tells `finished(...)` once the
+attempt is over; a failure before the first byte may be tried on another replica
+(`can_retry`). A replica that leaves discovery is drained: it takes no new request, its
+requests in flight finish, then its pool is closed and it is forgotten.
 """
 
 from __future__ import annotations
@@ -59,24 +54,6 @@ def outcome_label(error: BaseException | None) -> str:
     if isinstance(error, SwitchyardError):
         return error.code or "invalid_request"
     return "internal"
-
-
-def apart_from_prefills(spec: RequestSpec, candidates: list[Replica]) -> list[Replica]:
-    """The candidates a request may go to, kept apart from top-band prefills (see the module): a
-    top-band request's, of those with a free slot (all when none has), those where the fewest
-    requests wait for their first byte, rather without a top-band one; any other's, those with no top-band
-    request waiting for its first byte, or all when every one has one."""
-    if spec.top_band:
-        candidates = [r for r in candidates if r.has_free_slot()] or candidates
-        fewest = min(prefills(r) for r in candidates)
-        return [r for r in candidates if prefills(r) == fewest]
-    apart = [r for r in candidates if not r.prefills_top_band()]
-    return apart or candidates
-
-
-def prefills(replica: Replica) -> tuple[int, bool]:
-    """How many requests wait for their first byte on `replica`, and whether one is top band."""
-    return len(replica.prefilling), replica.prefills_top_band()
 
 
 class Fleet:
@@ -237,15 +214,9 @@ class Fleet:
         if len(self.replicas) == 1 and isinstance(self.discovery, StaticDiscovery):
             choice = Choice(candidates[0], "only")  # a backend of one server: no policy to run
         else:
-            choice = self.balancer.choose(spec, apart_from_prefills(spec, candidates))
-        replica = choice.candidate
-        replica.begin(choice.reason)
-        replica.prefilling[id(spec)] = spec.top_band
-        return replica
-
-    def first_byte(self, replica: Replica, spec: RequestSpec) -> None:
-        """The answer to `spec`'s attempt on `replica` began: its prefill is over."""
-        replica.prefilling.pop(id(spec), None)
+            choice = self.balancer.choose(spec, candidates)
+        choice.candidate.begin(choice.reason)
+        return choice.candidate
 
     def _unavailable(self) -> UpstreamError:
         active = [r for r in self.replicas.values() if not r.draining]
@@ -263,7 +234,6 @@ class Fleet:
 
     def finished(self, replica: Replica, spec: RequestSpec, error: BaseException | None, *, before_first_byte: bool = False) -> None:
         """An attempt on `replica` is over: counts, its breaker, the placement policy."""
-        replica.prefilling.pop(id(spec), None)
         replica.end(outcome_label(error))
         kind = failure_kind(error)
         if error is None:

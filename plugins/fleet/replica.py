@@ -56,9 +56,6 @@ class Replica:
     routed: dict[str, int] = field(default_factory=dict)
     load_source: int = 0  # which of the fleet's load sources answered last
     scrape_task: asyncio.Task[None] | None = None
-    # the attempts placed here that have had no byte of their answer yet (their prefill), by
-    # `id()` of their spec: whether each is a top-band request (`RequestSpec.top_band`)
-    prefilling: dict[int, bool] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -86,15 +83,6 @@ class Replica:
     def observe(self, snapshot: LoadSnapshot) -> None:
         self.snapshot = snapshot
         self.sent_since_scrape = self.done_since_scrape = 0
-
-    def prefills_top_band(self) -> bool:
-        return any(self.prefilling.values())
-
-    def has_free_slot(self) -> bool:
-        """Its engine would start one more request now, as far as its last fresh report says
-        (no queue of its own, fewer requests than its slots); True without a report."""
-        snap = self.fresh_snapshot()
-        return snap is None or (snap.waiting <= 0 and (snap.slots is None or self.load() < snap.slots))
 
     def begin(self, reason: str) -> None:
         self.in_flight += 1

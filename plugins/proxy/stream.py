@@ -127,8 +127,7 @@ class UpstreamEvents:
         path = "/v1/chat/completions" if spec.kind == "chat" else "/v1/completions"
         self._replica, self._response, deadline = await upstream.open(spec, path, _json_encode(body),
                                                                        backend.request_headers(spec), self._tried)
-        replica, fleet = self._replica, upstream.fleet
-        self._body = BodyPieces(upstream, self._response, deadline, on_first=lambda: fleet.first_byte(replica, spec))
+        self._body = BodyPieces(upstream, self._response, deadline)
         self._norm = StreamNormalizer(kind=spec.kind, n=spec.sampling.n, backend=upstream.name, spec=spec,
                                       content_calls=backend.content_calls(spec))
         ctype = self._response.header("content-type")

@@ -219,15 +219,13 @@ class BodyPieces:
     upstream's `UpstreamError` (no first piece in time, a stall mid-body, or the connection's
     failure)."""
 
-    __slots__ = ("_upstream", "_response", "_when", "_first", "_on_first", "_clock", "_idle_s")
+    __slots__ = ("_upstream", "_response", "_when", "_first", "_clock", "_idle_s")
 
-    def __init__(self, upstream: Upstream, response: http1.Response, deadline: float,
-                 on_first: Callable[[], None] | None = None) -> None:
+    def __init__(self, upstream: Upstream, response: http1.Response, deadline: float) -> None:
         self._upstream = upstream
         self._response = response
         self._when = deadline  # loop time by which the next piece must arrive
         self._first = True
-        self._on_first = on_first  # told when the first piece arrives
         self._clock = asyncio.get_running_loop().time
         self._idle_s = upstream.timeouts.idle_s
 
@@ -246,8 +244,6 @@ class BodyPieces:
     def arrived(self) -> None:
         """A piece arrived: the next one is due within the idle timeout (also for the wait in
         progress, when it was pushed)."""
-        if self._first and self._on_first is not None:
-            self._on_first()
         self._first = False
         self._when = self._clock() + self._idle_s
         self._response.move_deadline(self._when)

@@ -183,3 +183,21 @@ def test_flow_control_scripts_small() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fast.returncode == 0, fast.stdout[-4000:] + fast.stderr[-4000:]
     assert "FlowQueue admit+release+turn" in fast.stdout and "CPU beyond a loop turn" in fast.stdout, fast.stdout
+
+
+def test_flow_control_arms_configs_start_up_checks_pass() -> None:
+    """Each Switchyard arm of the flood benchmark writes a configuration start-up accepts, with
+    the knobs the arm names."""
+    from types import SimpleNamespace
+
+    from bench.flow_control import switchyard_config
+    from gateway.config import parse_config
+
+    replicas = [SimpleNamespace(base=f"http://127.0.0.1:{9000 + i}") for i in range(3)]
+    for arm, headroom in (("flow", 1), ("flow_no_headroom", 0)):
+        config = parse_config(switchyard_config(replicas, Path("/tmp"), flow=True, headroom=headroom), f"{arm}.toml")  # type: ignore[arg-type]
+        table = config.backends[0].flow_control
+        assert table is not None and config.server.flow_control.enabled
+        assert (table.replica_concurrency, table.priority_headroom) == (1, headroom)
+    plain = parse_config(switchyard_config(replicas, Path("/tmp"), flow=False), "plain.toml")  # type: ignore[arg-type]
+    assert not plain.server.flow_control.enabled and plain.backends[0].flow_control is None

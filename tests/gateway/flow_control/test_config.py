@@ -38,7 +38,6 @@ def test_the_tables_read_into_keys_backends_and_routes() -> None:
     table = config.backends[0].flow_control
     assert table is not None and (table.replica_concurrency, table.max_queue, table.queue_timeout_s) == (2, 8, None)
     assert table.priority_headroom == 0  # default: no headroom, the top band waits like the others
-    assert table.isolate_top_band_prefill is False  # default: the top band is placed like the others
     fast, slow = (RouteLimits.of(config.server, route) for route in config.routes)
     assert (fast.ttft_slo_ms, slow.ttft_slo_ms, RouteLimits.of(config.server).ttft_slo_ms) == (500, 3000, 3000)
 
@@ -67,10 +66,6 @@ def test_the_tables_read_into_keys_backends_and_routes() -> None:
      "`priority_headroom` is slots beyond `replica_concurrency`, which is not set, at `backends[0].flow_control.priority_headroom`"),
     ('[server.flow_control]\nband_edges = []\n[[backends]]\nname = "b"\ntype = "builtin"\n[backends.flow_control]\n'
      'replica_concurrency = 2\npriority_headroom = 1\n', "makes one band of every request, at `backends[0].flow_control.priority_headroom`"),
-    ('[server.flow_control]\nband_edges = []\n[[backends]]\nname = "b"\ntype = "llamacpp"\n[backends.flow_control]\n'
-     'isolate_top_band_prefill = true\n', "makes one band of every request, at `backends[0].flow_control.isolate_top_band_prefill`"),
-    ('[[backends]]\nname = "b"\ntype = "llamacpp"\n[backends.flow_control]\nisolate_top_band_prefill = "yes"\n',
-     "at `backends[0].flow_control.isolate_top_band_prefill`"),
     ('[[backends]]\nname = "b"\ntype = "builtin"\n[[routes]]\nname = "r"\nttft_slo_ms = -5\n[[routes.targets]]\nbackend = "b"\n',
      "at `routes[0].ttft_slo_ms`"),
 ])

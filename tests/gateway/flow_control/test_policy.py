@@ -72,25 +72,3 @@ async def test_one_queue_per_backend_in_process_or_in_redis() -> None:
     assert shared is not None and shared.client is not None  # one client for every ledger, not connected until used
     assert isinstance(shared.queue_of("local").ledger, RedisLedger)  # type: ignore[union-attr]
     await shared.close()
-
-
-async def test_only_a_top_band_request_on_a_fleet_with_isolate_top_band_prefill_is_kept_apart() -> None:
-    from plugins.contract.errors import ConfigError
-    from plugins.proxy.llamacpp import LlamaCppBackend, LlamaCppOptions
-
-    on = '[server.flow_control]\nenabled = true\n'
-    fleets = ('[[backends]]\nname = "apart"\ntype = "llamacpp"\n[backends.options]\nendpoints = ["http://127.0.0.1:9", "http://127.0.0.1:10"]\n'
-              '[backends.flow_control]\nisolate_top_band_prefill = true\n'
-              '[[backends]]\nname = "shared"\ntype = "llamacpp"\n[backends.options]\nendpoints = ["http://127.0.0.1:11"]\n')
-    config = parse_config(on + fleets, "t")
-    backends = {cfg.name: LlamaCppBackend(cfg.name, msgspec.convert(cfg.options, LlamaCppOptions)) for cfg in config.backends}
-    flow = build_flow_control(config, backends, Metrics())
-    assert flow is not None
-    top, ordinary = (flow.policy.ask(None, reserved=COST, priority_sent=p) for p in (-1, 0))
-    assert (top.ask.band, ordinary.ask.band) == (0, 1)
-    assert (flow.top_band("apart", top), flow.top_band("apart", ordinary), flow.top_band("shared", top)) == (True, False, False)
-    await flow.close()
-    builtin = {"local": BuiltinBackend("local", msgspec.convert({}, BuiltinOptions))}
-    with pytest.raises(ConfigError) as raised:  # one engine, no replicas to keep apart: refused at start-up
-        build_flow_control(parse_config(on + BACKENDS + "isolate_top_band_prefill = true\n", "t"), builtin, Metrics())
-    assert "at `backends[0].flow_control.isolate_top_band_prefill`" in raised.value.message
