@@ -171,18 +171,18 @@ async def beside_a_busy_host(replicas: list[Server], trace: list[Shot], streams:
     import httpx
 
     stop = asyncio.Event()
-    started = 0
 
     async def keep_busy(client: httpx.AsyncClient, url: str, first: int) -> None:
-        nonlocal started
-        started += 1
         n = first
         while not stop.is_set():
             payload = body(Shot("A", 0.0, n))
             payload.pop("priority")
-            async with client.stream("POST", url + "/v1/chat/completions", json=payload) as response:
-                async for _ in response.aiter_lines():
-                    pass
+            try:
+                async with client.stream("POST", url + "/v1/chat/completions", json=payload) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+            except httpx.TransportError:  # llama-server closes a kept-alive connection after a few requests
+                continue
             n += 1
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), trust_env=False) as client:
