@@ -55,13 +55,18 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, Server, free_port, pct, print_header, spawn, wait_ready, write_result  # noqa: E402
 from bench.flow_control_share import a_share, read_log, requests_of  # noqa: E402
+
+if TYPE_CHECKING:
+    import httpx
 
 MODEL = "smol"  # the interactive route (A and B), `ttft_slo_ms` in the flow arm
 BATCH_MODEL = "smol-batch"  # C's route: the same fleet, no SLO (a batch job waits rather than be refused)
@@ -165,28 +170,34 @@ async def fire(url: str, trace: list[Shot], *, send_priority: bool, batch_route:
         return outcomes, time.perf_counter() - t0
 
 
+async def closed_loop(client: httpx.AsyncClient, url: str, first_nonce: int, going: Callable[[], bool],
+                      headers: dict[str, str] | None = None) -> int:
+    """One stream of back-to-back requests to `url` while `going()`; how many completed. A kept-alive
+    connection the server closed between two requests (llama-server does after a few) is retried."""
+    import httpx
+
+    done = 0
+    while going():
+        payload = body(Shot("A", 0.0, first_nonce + done))
+        payload.pop("priority")
+        try:
+            async with client.stream("POST", url + "/v1/chat/completions", json=payload, headers=headers) as response:
+                async for _ in response.aiter_lines():
+                    pass
+        except httpx.TransportError:
+            continue
+        done += 1
+    return done
+
+
 async def beside_a_busy_host(replicas: list[Server], trace: list[Shot], streams: int) -> tuple[list[Outcome], float]:
     """`trace` (B's requests) straight to the first replica, which runs nothing else, while a
     closed loop of `streams` A requests per replica keeps every other replica busy."""
     import httpx
 
     stop = asyncio.Event()
-
-    async def keep_busy(client: httpx.AsyncClient, url: str, first: int) -> None:
-        n = first
-        while not stop.is_set():
-            payload = body(Shot("A", 0.0, n))
-            payload.pop("priority")
-            try:
-                async with client.stream("POST", url + "/v1/chat/completions", json=payload) as response:
-                    async for _ in response.aiter_lines():
-                        pass
-            except httpx.TransportError:  # llama-server closes a kept-alive connection after a few requests
-                continue
-            n += 1
-
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), trust_env=False) as client:
-        loops = [asyncio.create_task(keep_busy(client, replica.base, 1_000_000 * (i + 1) + 10_000 * j))
+        loops = [asyncio.create_task(closed_loop(client, replica.base, 1_000_000 * (i + 1) + 10_000 * j, lambda: not stop.is_set()))
                  for i, replica in enumerate(replicas[1:]) for j in range(streams)]
         await asyncio.sleep(2.0)  # every loop has a request running
         try:
@@ -298,24 +309,11 @@ async def measure_capacity(url: str, streams: int, seconds: float) -> float:
     """Requests per second the fleet completes under a closed loop of `streams` streams."""
     import httpx
 
-    done = 0
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), trust_env=False) as client:
         t0 = time.perf_counter()
-
-        async def loop(i: int) -> None:
-            nonlocal done
-            n = 0
-            while time.perf_counter() - t0 < seconds:
-                payload = body(Shot("B", 0.0, i * 100_000 + n))
-                payload.pop("priority")
-                async with client.stream("POST", url + "/v1/chat/completions", json=payload,
-                                         headers={"authorization": "Bearer key-b"}) as response:
-                    async for _ in response.aiter_lines():
-                        pass
-                done, n = done + 1, n + 1
-
-        await asyncio.gather(*(loop(i) for i in range(streams)))
-        return done / (time.perf_counter() - t0)
+        done = await asyncio.gather(*(closed_loop(client, url, i * 100_000, lambda: time.perf_counter() - t0 < seconds,
+                                                  headers={"authorization": "Bearer key-b"}) for i in range(streams)))
+        return sum(done) / (time.perf_counter() - t0)
 
 
 def run_arm(arm: str, args: argparse.Namespace, capacity_rps: float) -> dict | None:
