@@ -76,6 +76,7 @@ from bench.common import (  # noqa: E402
 from bench.fleet_routing import REPLICAS, start_peer, start_replicas  # noqa: E402
 from bench.router_envs import ROUTERS  # noqa: E402
 from tests.support.agent_sessions import AgentSession, Fit, Turn, send_turn, sessions  # noqa: E402
+from tests.support.probes import request_log as request_log_lines  # noqa: E402
 
 MODEL = "smol"
 ARMS = ("switchyard", "round_robin", "sglang_cache_aware", "oracle", "switchyard_no_strip")
@@ -206,7 +207,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> Run:
         cpu = tree_cpu_seconds(gateway.pid) - cpu0
         router_cpu = tree_cpu_seconds(router.pid) - router_cpu0 if router else None
         per_replica = [prefilled(r).get("prompt_tokens_total", 0.0) for r in replicas]
-        logged = read_log(request_log, len(sent))
+        logged = request_log_lines(request_log, len(sent))
     finally:
         for server in (gateway, router, *replicas):
             if server is not None:
@@ -219,17 +220,6 @@ def run_arm(arm: str, args: argparse.Namespace) -> Run:
     print(f"    {arm} pass: {len(sent)} turns, wall {wall:.0f} s, prefilled {per_replica}, others {others:.0%} busy before",
           flush=True)
     return run
-
-
-def read_log(path: Path, count: int, timeout: float = 10.0) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        lines = path.read_text().splitlines() if path.exists() else []
-        if len(lines) >= count:
-            break
-        time.sleep(0.2)
-    return {(d := json.loads(line))["request_id"]: d for line in lines}
 
 
 def summarize(arm: str, runs: list[Run]) -> dict:

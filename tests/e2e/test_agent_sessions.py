@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import pytest
 from engines.launch import ServerProcess
 from tests.plugins.fleet.conftest import MODEL, replicas, three_replicas  # noqa: F401 - fixtures
 from tests.support.agent_sessions import AgentSession, Fit, Turn, send_turn, sessions
+from tests.support.probes import request_log
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -35,18 +34,6 @@ def fleet_config(endpoints: list[str], log: Path, *, extra: str = "") -> str:
             f'[[backends]]\nname = "fleet"\ntype = "llamacpp"\n[backends.options]\ntools = true\n'
             f'endpoints = {json.dumps(endpoints)}\nmodels = {{ "{PUBLIC}" = "{MODEL}" }}\n'
             f'[backends.options.timeouts]\nfirst_byte_s = 300\n\n{extra}')
-
-
-def read_log(path: Path, count: int, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
-    """The request log's lines by request id, once `count` of them are written."""
-    deadline = time.monotonic() + timeout
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        lines = path.read_text().splitlines() if path.exists() else []
-        if len(lines) >= count:
-            break
-        time.sleep(0.1)
-    return {(d := json.loads(line))["request_id"]: d for line in lines}
 
 
 async def run_sessions(base: str, agents: list[AgentSession], turns: int) -> list[Turn]:
@@ -67,7 +54,7 @@ def test_four_agent_sessions_each_stay_on_one_replica_and_hit_its_cache(three_re
         turns = asyncio.run(run_sessions(base, agents, TURNS))
         metrics = httpx.get(base + "/metrics").text
     assert [t.error for t in turns if t.error] == []
-    logged = read_log(log, SESSIONS * TURNS)
+    logged = request_log(log, SESSIONS * TURNS)
     by_session: dict[str, list[Turn]] = {}
     for turn in turns:
         by_session.setdefault(turn.session, []).append(turn)

@@ -25,7 +25,7 @@ import pytest
 from engines.launch import ServerProcess, start_llamacpp
 from tests.gateway.keys.conftest import redis, redis_session  # noqa: F401 - fixtures
 from tests.plugins.fleet.conftest import MODEL, llamacpp_or_skip
-from tests.support.probes import metric, wait_until
+from tests.support.probes import metric, wait_until, whole_request_log
 from tests.support.queue_clients import Client, Holder, served_order
 from tests.support.redis_server import RedisServer
 from tests.support.server import running_server, server_process
@@ -64,11 +64,6 @@ def wait_depth(base: str, expected: int) -> None:
     assert wait_until(lambda: depth(base) == expected, timeout=20, interval=0.02), f"queue depth {depth(base)}, not {expected}"
 
 
-def log_lines(log: Path, count: int) -> dict[str, dict]:
-    assert wait_until(lambda: log.exists() and len(log.read_bytes().splitlines()) >= count, timeout=10)
-    return {line["request_id"]: line for line in map(json.loads, log.read_bytes().splitlines())}
-
-
 def test_nothing_queues_while_the_replica_has_room(replica: ServerProcess, tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
     with running_server(config(replica, log), tmp_path) as base:
@@ -79,7 +74,7 @@ def test_nothing_queues_while_the_replica_has_room(replica: ServerProcess, tmp_p
         assert metric(text, "switchyard_flow_admissions_total", path="immediate", tenant="quiet") == 3
         assert metric(text, "switchyard_flow_admissions_total", path="queued") == 0
         assert depth(base) == 0
-        lines = log_lines(log, 3)
+        lines = whole_request_log(log, 3)
     assert [("queued_ms" in lines[f"n{i}"]) for i in range(3)] == [False, False, False]
 
 
@@ -93,7 +88,7 @@ def test_the_quiet_tenant_overtakes_the_floods_backlog(replica: ServerProcess, t
             wait_depth(base, 5)
             holder.release()
             order = served_order([*flood, quiet])
-        lines = log_lines(log, 6)
+        lines = whole_request_log(log, 6)
     assert order.index("b0") <= 1, order  # behind at most the flood's first, ahead of its backlog
     assert sorted(order) == ["a0", "a1", "a2", "a3", "b0"]
     assert all(lines[name]["queued_ms"] >= 0 and lines[name]["outcome"] == "ok" for name in order)

@@ -18,7 +18,7 @@ import pytest
 
 from engines.launch import ServerProcess
 from tests.plugins.fleet.conftest import MODEL, replicas
-from tests.support.probes import metric, wait_until
+from tests.support.probes import metric, wait_until, whole_request_log
 from tests.support.queue_clients import Client, Holder, served_order
 from tests.support.server import running_server
 
@@ -56,11 +56,6 @@ def queued_grants(base: str) -> dict[str, float]:
     return {tenant: metric(text, "switchyard_flow_admissions_total", tenant=tenant, path="queued") for tenant in ("quiet", "flood")}
 
 
-def log_lines(log: Path, count: int) -> dict[str, dict]:
-    assert wait_until(lambda: log.exists() and len(log.read_bytes().splitlines()) >= count, timeout=10)
-    return {line["request_id"]: line for line in map(json.loads, log.read_bytes().splitlines())}
-
-
 def test_a_top_band_request_is_served_at_once_while_the_flood_fills_every_slot(two_replicas: list[ServerProcess],
                                                                                  tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
@@ -78,7 +73,7 @@ def test_a_top_band_request_is_served_at_once_while_the_flood_fills_every_slot(t
         assert metric(text, "switchyard_flow_admissions_total", tenant="quiet", path="immediate") == 1
         holders.close()
         assert sorted(served_order(flood)) == ["a0", "a1", "a2"]
-        lines = log_lines(log, 6)
+        lines = whole_request_log(log, 6)
     assert "queued_ms" not in lines["b0"] and lines["b0"]["outcome"] == "ok"  # it never waited in the gateway
     assert all(lines[f"a{i}"]["queued_ms"] >= 0 for i in range(3))
 
@@ -101,5 +96,5 @@ def test_without_headroom_the_top_band_waits_for_a_flood_request_to_end(two_repl
         assert queued_grants(base)["quiet"] == 1, queued_grants(base)
         holders.close()
         assert sorted(served_order([*flood, quiet])) == ["a0", "a1", "a2", "b0"]
-        lines = log_lines(log, 6)
+        lines = whole_request_log(log, 6)
     assert lines["b0"]["queued_ms"] >= 0
